@@ -1,0 +1,243 @@
+"""Make Triton's CPU interpreter round like compiled Triton on a Hopper GPU.
+
+Up to at least Triton 3.8, the interpreter gets low-precision numerics wrong: fp32 -> fp8 loses the
+rounding carry (124.59 -> 64), rounds ties away from zero, does not saturate (464 -> NaN), truncates
+subnormals and maps NaN to 384; fp32 -> bf16 truncates; bf16 arithmetic and ``tl.dot`` on bf16
+operands act on raw bit patterns.  Upstream knows: triton-lang/triton#8322 and #11584, with fixes
+proposed in #9808, #11897 and #11667.
+
+This module replaces the interpreter's conversion, low-precision arithmetic and dot hooks, once, at
+the builder, so every kernel (``x.to(tl.float8e4nv)``, ``a + b`` on bf16, ``tl.dot``) is corrected
+without kernels having to avoid them.  What "correct" means was measured, not assumed:
+``tests/data/hopper_numerics.npz`` holds the bits compiled Triton produced on an H200, and
+``tests/test_interpreter.py`` demands the same bits here.  What it showed on Hopper:
+
+* fp32/fp16/bf16 -> fp8 (e4m3, e5m2): clip to the largest finite value, then round to nearest even;
+  inf -> +-max; any NaN -> 0x7F (sign dropped).
+* -> bf16 / fp16: round to nearest even, overflow to inf; any NaN -> 0x7FFF.
+* bf16 -> fp32 shifts the bits (NaN payloads kept); fp16/fp8 -> fp32 send NaN to 0x7FFFFFFF.
+* e5m2 -> bf16 rebiases the exponent without special cases: inf -> 65536, NaN -> 81920..114688.
+* bf16/fp16 elementwise ops are correctly rounded; NaN results are 0x7FFF; max/min return the
+  number when one side is NaN, and max(+0, -0) = +0, min(+0, -0) = -0.
+* ``tl.dot`` accumulates in fp32; tf32 operands are fp32 with the low 13 bits dropped.  Here a dot is
+  computed exactly in float64 and rounded once, which is what an fp32 accumulator approximates.
+  fp8 dots on Hopper accumulate with fewer bits than fp32 by default, so the GPU can differ from this
+  by ~1e-3 of sum|a||b|; the test states the bound it measured.
+"""
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+import triton
+import triton.language as tl
+from triton._C.libtriton import ir as _ir
+from triton.runtime import interpreter as _interp
+
+# The versions whose interpreter this correction was checked against (see tests/test_interpreter.py).
+TESTED_TRITON = ("3.6", "3.8")
+
+_NUMPY = {
+    "fp32": np.float32,
+    "fp64": np.float64,
+    "bf16": ml_dtypes.bfloat16,
+    "fp16": np.float16,
+    "fp8e4nv": ml_dtypes.float8_e4m3fn,
+    "fp8e5": ml_dtypes.float8_e5m2,
+}
+_BITS = {"fp32": np.uint32, "fp64": np.uint64, "bf16": np.uint16, "fp16": np.uint16,
+         "fp8e4nv": np.uint8, "fp8e5": np.uint8}
+_CANONICAL_NAN = {"fp32": 0x7FFFFFFF, "bf16": 0x7FFF, "fp16": 0x7FFF, "fp8e4nv": 0x7F, "fp8e5": 0x7F}
+_SATURATE = {"fp8e4nv": 448.0, "fp8e5": 57344.0}
+_LOW = ("bf16", "fp16", "fp8e4nv", "fp8e5")
+
+_ORIGINAL = {}
+
+
+def _name(dtype) -> str:
+    return dtype.scalar.name if hasattr(dtype, "scalar") else dtype.name
+
+
+def _decode(data: np.ndarray, fmt: str) -> np.ndarray:
+    """Stored values (bits for bf16/fp8, floats otherwise) -> exact float64."""
+    with np.errstate(invalid="ignore"):
+        if fmt in ("fp32", "fp64", "fp16"):
+            return data.astype(np.float64)
+        return data.view(_NUMPY[fmt]).astype(np.float64)
+
+
+def _convert(data: np.ndarray, src: str, dst: str, rtz: bool = False) -> np.ndarray:
+    """Convert stored values of format ``src`` to stored values of ``dst`` as Hopper does."""
+    if src == "bf16" and dst == "fp32":
+        return (data.astype(np.uint32) << 16).view(np.float32)
+    x = _decode(data, src)
+    if src == "fp8e5" and dst == "bf16":
+        # Hopper's e5m2 -> bf16 path rebiases exponent bits with no inf/NaN case: 0x7C -> 65536.
+        special = (data & 0x7C) == 0x7C
+        mag = 65536.0 * (1.0 + (data & 0x03) / 4.0)
+        x = np.where(special, np.where(data & 0x80, -mag, mag), x)
+    nan = np.isnan(x)
+    if dst == "fp64":
+        return x
+    if dst in _SATURATE:
+        x = np.clip(x, -_SATURATE[dst], _SATURATE[dst])
+    # Every source here has at most 24 significand bits, so float64 -> float32 is exact and the
+    # one rounding happens in the final cast (ml_dtypes/numpy round to nearest even).
+    with np.errstate(over="ignore", invalid="ignore"):
+        x32 = x.astype(np.float32)
+        out = x32.astype(_NUMPY[dst])
+    bits = out.view(_BITS[dst]).copy()
+    if rtz and dst != "fp32":
+        back = out.astype(np.float64)
+        away = np.isfinite(x32) & (np.abs(back) > np.abs(x32.astype(np.float64)))
+        bits[away] -= 1  # one code step towards zero (sign-magnitude encoding)
+    bits[nan] = _CANONICAL_NAN[dst]
+    if dst in ("fp32", "fp16"):
+        return bits.view(_NUMPY[dst])
+    return bits
+
+
+def _encode(x: np.ndarray, fmt: str) -> np.ndarray:
+    """float64/float32 results of arithmetic -> stored values of ``fmt`` (round to nearest even)."""
+    return _convert(np.asarray(x, dtype=np.float64), "fp64", fmt)
+
+
+def _cast_impl(self, src, dst_type):
+    s, d = _name(src.dtype), _name(dst_type)
+    if s in _NUMPY and d in _NUMPY and (s in _LOW or d in _LOW):
+        return _interp.TensorHandle(_convert(src.data, s, d), dst_type.scalar)
+    if d in _LOW and s not in _NUMPY:  # integer -> low-precision float
+        return _interp.TensorHandle(_encode(src.data.astype(np.float64), d), dst_type.scalar)
+    if s in _LOW and d not in _NUMPY:  # low-precision float -> integer, truncating like fptosi
+        with np.errstate(invalid="ignore"):
+            out = _decode(src.data, s).astype(_interp._get_np_dtype(dst_type))
+        return _interp.TensorHandle(out, dst_type.scalar)
+    return _ORIGINAL["cast_impl"](self, src, dst_type)
+
+
+def _create_fp_to_fp(self, src, dst_type, rounding_mode):
+    s, d = _name(src.dtype), _name(dst_type)
+    if s in _NUMPY and d in _NUMPY:
+        rtz = rounding_mode == _ir.ROUNDING_MODE.RTZ
+        return _interp.TensorHandle(_convert(src.data, s, d, rtz=rtz), dst_type.scalar)
+    return _ORIGINAL["create_fp_to_fp"](self, src, dst_type, rounding_mode)
+
+
+_MINMAX = (np.fmax, np.maximum, np.fmin, np.minimum)
+
+
+def _minmax_zero_sign(op, a, b, out):
+    # IEEE maximumNumber/minimumNumber: +0 > -0, which numpy's fmax/fmin leave unspecified.
+    if op in (np.fmax, np.maximum):
+        return np.where((a == 0) & (b == 0), np.where(np.signbit(a) & np.signbit(b), -0.0, 0.0), out)
+    if op in (np.fmin, np.minimum):
+        return np.where((a == 0) & (b == 0), np.where(np.signbit(a) | np.signbit(b), -0.0, 0.0), out)
+    return out
+
+
+def _binary_op(self, lhs, rhs, op):
+    fmt = _name(lhs.dtype)
+    if fmt in ("fp32", "fp64") and op in _MINMAX:
+        out = _ORIGINAL["binary_op"](self, lhs, rhs, op)
+        fixed = _minmax_zero_sign(op, lhs.data, rhs.data, out.data).astype(out.data.dtype)
+        return _interp.TensorHandle(fixed, out.dtype)
+    if fmt not in ("bf16", "fp16"):
+        return _ORIGINAL["binary_op"](self, lhs, rhs, op)
+    # Compute in float32 and round once: for + - * / the float32 result rounded to bf16/fp16 equals
+    # the correctly rounded one (24 >= 2p + 2), which is what the GPU returns.
+    a = _decode(lhs.data, fmt).astype(np.float32)
+    b = _decode(rhs.data, fmt).astype(np.float32)
+    with np.errstate(all="ignore"):
+        out = op(a, b)
+    if out.dtype == np.bool_:  # comparisons
+        return _interp.TensorHandle(out, tl.int1)
+    out = _minmax_zero_sign(op, a, b, out)
+    return _interp.TensorHandle(_encode(out, fmt), lhs.dtype.scalar)
+
+
+def _unary_op(self, arg, op):
+    fmt = _name(arg.dtype)
+    if fmt not in ("bf16", "fp16"):
+        return _ORIGINAL["unary_op"](self, arg, op)
+    with np.errstate(all="ignore"):
+        out = op(_decode(arg.data, fmt).astype(np.float32))
+    return _interp.TensorHandle(_encode(out, fmt), arg.dtype.scalar)
+
+
+def _create_fma(self, x, y, z):
+    fmt = _name(z.dtype)
+    if fmt not in ("bf16", "fp16"):
+        return _ORIGINAL["create_fma"](self, x, y, z)
+    out = _decode(x.data, fmt) * _decode(y.data, fmt) + _decode(z.data, fmt)
+    return _interp.TensorHandle(_encode(out, fmt), z.dtype.scalar)
+
+
+def _create_clampf(self, arg, lo, hi, propagate_nans):
+    fmt = _name(arg.dtype)
+    if fmt not in ("bf16", "fp16"):
+        return _ORIGINAL["create_clampf"](self, arg, lo, hi, propagate_nans)
+    x, a, b = (_decode(t.data, fmt) for t in (arg, lo, hi))
+    if propagate_nans == _ir.PROPAGATE_NAN.NONE:
+        out = np.fmin(np.fmax(x, a), b)
+    else:
+        out = np.clip(x, a, b)
+    return _interp.TensorHandle(_encode(out, fmt), arg.dtype.scalar)
+
+
+def _dot_operand(handle, input_precision) -> np.ndarray:
+    fmt = _name(handle.dtype)
+    if fmt == "fp32" and str(input_precision).lower().endswith("tf32"):
+        # Hopper's tf32 MMA reads the top 19 bits of each fp32 operand (measured: truncation).
+        bits = handle.data.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+        return bits.view(np.float32).astype(np.float64)
+    return _decode(handle.data, fmt)
+
+
+def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    fa, fb, fd = _name(a.dtype), _name(b.dtype), _name(d.dtype)
+    if fa not in _NUMPY or fb not in _NUMPY or fd not in _NUMPY:
+        return _ORIGINAL["create_dot"](self, a, b, d, input_precision, max_num_imprecise_acc)
+    precision = getattr(input_precision, "name", input_precision)
+    # Exact products and sum in float64, one rounding into the accumulator's format.
+    acc = np.matmul(_dot_operand(a, precision), _dot_operand(b, precision)) + _decode(d.data, fd)
+    return _interp.TensorHandle(_encode(acc, fd), d.dtype.scalar)
+
+
+_PATCHES = {
+    "cast_impl": _cast_impl,
+    "create_fp_to_fp": _create_fp_to_fp,
+    "binary_op": _binary_op,
+    "unary_op": _unary_op,
+    "create_fma": _create_fma,
+    "create_clampf": _create_clampf,
+    "create_dot": _create_dot,
+}
+
+
+def installed() -> bool:
+    return bool(_ORIGINAL)
+
+
+def install() -> None:
+    """Correct the interpreter (idempotent).  Warns on a Triton version it was not checked on."""
+    if _ORIGINAL:
+        return
+    builder = _interp.InterpreterBuilder
+    missing = [name for name in _PATCHES if not hasattr(builder, name)]
+    if missing:
+        raise RuntimeError(f"Triton {triton.__version__}'s interpreter has no {missing}; "
+                           f"kernels._interpreter was written for Triton {', '.join(TESTED_TRITON)}")
+    if ".".join(triton.__version__.split(".")[:2]) not in TESTED_TRITON:
+        warnings.warn(f"kernels: the interpreter correction was checked on Triton {TESTED_TRITON}, not "
+                      f"{triton.__version__}; run tests/test_interpreter.py", stacklevel=2)
+    for name, fn in _PATCHES.items():
+        _ORIGINAL[name] = getattr(builder, name)
+        setattr(builder, name, fn)
+
+
+def uninstall() -> None:
+    """Restore Triton's own interpreter (used by the test that watches for an upstream fix)."""
+    builder = _interp.InterpreterBuilder
+    for name, fn in _ORIGINAL.items():
+        setattr(builder, name, fn)
+    _ORIGINAL.clear()
