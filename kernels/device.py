@@ -1,0 +1,74 @@
+"""What this machine runs natively, in one place.
+
+Notebooks call :func:`report` first (numerics depend on device, torch and triton) and use
+:func:`capabilities` to pick a path, or :func:`gpu_only` to skip a GPU-only cell with a one-line
+reason instead of an error.
+"""
+
+import platform
+from dataclasses import dataclass
+
+import torch
+import triton
+
+import kernels
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    mode: str  # "cpu-interpreter" or "cuda"
+    device: str  # "CPU (x86_64)" or the GPU's name
+    capability: tuple  # (major, minor); (0, 0) on the CPU
+    fp8: str  # "native", "emulated" (upcast to fp16/bf16 before the MMA) or "interpreter"
+    mx_fp4: str  # "native" (sm_100+), "emulated" or "interpreter"
+
+    @property
+    def interpreter(self) -> bool:
+        return self.mode == "cpu-interpreter"
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.capability[0]}{self.capability[1]}" if not self.interpreter else "none"
+
+
+def capabilities() -> Capabilities:
+    """Classify the device: CPU interpreter; CUDA below sm_89 (FP8 emulated by upcasting);
+    sm_89/sm_90 (native FP8 tensor cores); sm_100+ (native MX and FP4 as well)."""
+    if kernels.INTERPRETER or not torch.cuda.is_available():
+        return Capabilities("cpu-interpreter", f"CPU ({platform.machine()})", (0, 0), "interpreter", "interpreter")
+    cap = torch.cuda.get_device_capability()
+    fp8 = "native" if cap >= (8, 9) else "emulated"
+    mx = "native" if cap >= (10, 0) else "emulated"
+    return Capabilities("cuda", torch.cuda.get_device_name(), cap, fp8, mx)
+
+
+def report() -> Capabilities:
+    """Print the environment that the numbers below depend on; returns the capabilities."""
+    caps = capabilities()
+    where = "CPU mode (Triton interpreter, Hopper numerics)" if caps.interpreter else f"GPU mode ({caps.sm})"
+    print(f"device: {caps.device} | {where} | torch {torch.__version__} | triton {triton.__version__} | "
+          f"fp8: {caps.fp8} | mx/fp4: {caps.mx_fp4}")
+    return caps
+
+
+def gpu_only(what: str, need: str = "cuda") -> bool:
+    """True if a cell that needs a GPU (``need``: "cuda", "fp8" or "mx") can run here.
+
+    Otherwise prints one line saying what is skipped and why, and returns False:
+
+        if device.gpu_only("timing against cuBLAS"):
+            ...
+    """
+    caps = capabilities()
+    if need not in ("cuda", "fp8", "mx"):
+        raise ValueError(f"need must be 'cuda', 'fp8' or 'mx', got {need!r}")
+    if caps.interpreter:
+        print(f"skipped on CPU: {what} needs a CUDA GPU")
+        return False
+    if need == "fp8" and caps.fp8 != "native":
+        print(f"skipped on {caps.device} ({caps.sm}): {what} needs FP8 tensor cores (sm_89 or newer)")
+        return False
+    if need == "mx" and caps.mx_fp4 != "native":
+        print(f"skipped on {caps.device} ({caps.sm}): {what} needs MX/FP4 tensor cores (sm_100 or newer)")
+        return False
+    return True
