@@ -45,8 +45,14 @@ _NUMPY = {
     "fp8e4nv": ml_dtypes.float8_e4m3fn,
     "fp8e5": ml_dtypes.float8_e5m2,
 }
-_BITS = {"fp32": np.uint32, "fp64": np.uint64, "bf16": np.uint16, "fp16": np.uint16,
-         "fp8e4nv": np.uint8, "fp8e5": np.uint8}
+_BITS = {
+    "fp32": np.uint32,
+    "fp64": np.uint64,
+    "bf16": np.uint16,
+    "fp16": np.uint16,
+    "fp8e4nv": np.uint8,
+    "fp8e5": np.uint8,
+}
 _CANONICAL_NAN = {"fp32": 0x7FFFFFFF, "bf16": 0x7FFF, "fp16": 0x7FFF, "fp8e4nv": 0x7F, "fp8e5": 0x7F}
 _SATURATE = {"fp8e4nv": 448.0, "fp8e5": 57344.0}
 _LOW = ("bf16", "fp16", "fp8e4nv", "fp8e5")
@@ -225,11 +231,16 @@ def install() -> None:
     builder = _interp.InterpreterBuilder
     missing = [name for name in _PATCHES if not hasattr(builder, name)]
     if missing:
-        raise RuntimeError(f"Triton {triton.__version__}'s interpreter has no {missing}; "
-                           f"kernels._interpreter was written for Triton {', '.join(TESTED_TRITON)}")
+        raise RuntimeError(
+            f"Triton {triton.__version__}'s interpreter has no {missing}; "
+            f"kernels._interpreter was written for Triton {', '.join(TESTED_TRITON)}"
+        )
     if ".".join(triton.__version__.split(".")[:2]) not in TESTED_TRITON:
-        warnings.warn(f"kernels: the interpreter correction was checked on Triton {TESTED_TRITON}, not "
-                      f"{triton.__version__}; run tests/test_interpreter.py", stacklevel=2)
+        warnings.warn(
+            f"kernels: the interpreter correction was checked on Triton {TESTED_TRITON}, not "
+            f"{triton.__version__}; run tests/test_interpreter.py",
+            stacklevel=2,
+        )
     for name, fn in _PATCHES.items():
         _ORIGINAL[name] = getattr(builder, name)
         setattr(builder, name, fn)

@@ -35,6 +35,9 @@ def select() -> bool:
     _interpreter.install()
     if not _ANNOUNCED:
         _ANNOUNCED = True
-        print("kernels: no CUDA GPU in use; Triton runs in its CPU interpreter, with casts and dots "
-              "corrected to match compiled Triton on Hopper.", file=sys.stderr)
+        print(
+            "kernels: no CUDA GPU in use; Triton runs in its CPU interpreter, with casts and dots "
+            "corrected to match compiled Triton on Hopper.",
+            file=sys.stderr,
+        )
     return True

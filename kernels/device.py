@@ -46,8 +46,10 @@ def report() -> Capabilities:
     """Print the environment that the numbers below depend on; returns the capabilities."""
     caps = capabilities()
     where = "CPU mode (Triton interpreter, Hopper numerics)" if caps.interpreter else f"GPU mode ({caps.sm})"
-    print(f"device: {caps.device} | {where} | torch {torch.__version__} | triton {triton.__version__} | "
-          f"fp8: {caps.fp8} | mx/fp4: {caps.mx_fp4}")
+    print(
+        f"device: {caps.device} | {where} | torch {torch.__version__} | triton {triton.__version__} | "
+        f"fp8: {caps.fp8} | mx/fp4: {caps.mx_fp4}"
+    )
     return caps
 
 

@@ -28,14 +28,24 @@ FORMATS = {
 
 # Which conversions the table covers: every format to every other, except fp8 -> fp8, which
 # Triton does not lower directly.
-CASTS = [(src, dst) for src in FORMATS for dst in FORMATS
-         if src != dst and not (src in ("e4m3", "e5m2") and dst in ("e4m3", "e5m2"))]
+CASTS = [
+    (src, dst)
+    for src in FORMATS
+    for dst in FORMATS
+    if src != dst and not (src in ("e4m3", "e5m2") and dst in ("e4m3", "e5m2"))
+]
 
 BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "lt")
 
 # (operand format, input_precision) for tl.dot; "default" leaves Triton's default.
-DOTS = [("bf16", "default"), ("fp16", "default"), ("e4m3", "default"), ("e5m2", "default"),
-        ("fp32", "ieee"), ("fp32", "tf32")]
+DOTS = [
+    ("bf16", "default"),
+    ("fp16", "default"),
+    ("e4m3", "default"),
+    ("e5m2", "default"),
+    ("fp32", "ieee"),
+    ("fp32", "tf32"),
+]
 DOT_M, DOT_N, DOT_K, DOT_BLOCK_K = 64, 64, 512, 64
 
 BLOCK = 1024
@@ -75,8 +85,9 @@ def _grid_and_midpoints(fmt: str) -> np.ndarray:
     step_top = vals[-1] - vals[-2]
     mids = np.concatenate([(vals[:-1] + vals[1:]) / 2, [vals[-1] + step_top / 2, vals[-1] + step_top]])
     mids32 = mids.astype(np.float32)  # exact: every format here has < 24 significand bits
-    pts = np.concatenate([vals.astype(np.float32), mids32,
-                          np.nextafter(mids32, np.float32(np.inf)), np.nextafter(mids32, np.float32(0))])
+    pts = np.concatenate(
+        [vals.astype(np.float32), mids32, np.nextafter(mids32, np.float32(np.inf)), np.nextafter(mids32, np.float32(0))]
+    )
     pts = np.concatenate([pts, -pts])
     return pts.view(np.uint32)
 
@@ -92,10 +103,27 @@ def adversarial_fp32(seed: int = 0) -> np.ndarray:
     parts += [subnormal, subnormal | 0x80000000]
     overflow = np.geomspace(400.0, 3.0e38, 4096).astype(np.float32)
     parts += [overflow.view(np.uint32), (-overflow).view(np.uint32)]
-    specials = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000,  # +-0, +-inf
-                         0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001,  # quiet / signalling NaN
-                         0x7FFFFFFF, 0xFFFFFFFF, 0x7FA00000, 0x7FC00001,  # NaN payloads
-                         0x7F7FFFFF, 0xFF7FFFFF, 0x00800000, 0x00000001], dtype=np.uint32)
+    specials = np.array(
+        [
+            0x00000000,
+            0x80000000,
+            0x7F800000,
+            0xFF800000,  # +-0, +-inf
+            0x7FC00000,
+            0xFFC00000,
+            0x7F800001,
+            0xFF800001,  # quiet / signalling NaN
+            0x7FFFFFFF,
+            0xFFFFFFFF,
+            0x7FA00000,
+            0x7FC00001,  # NaN payloads
+            0x7F7FFFFF,
+            0xFF7FFFFF,
+            0x00800000,
+            0x00000001,
+        ],
+        dtype=np.uint32,
+    )
     parts += [specials, rng.integers(0, 1 << 32, 1 << 17, dtype=np.uint64).astype(np.uint32)]
     return np.concatenate(parts)
 
@@ -111,8 +139,10 @@ def binary_inputs(seed: int = 1):
     a = rng.integers(0, 1 << 16, 1 << 16, dtype=np.uint32).astype(np.uint16)
     b = rng.integers(0, 1 << 16, 1 << 16, dtype=np.uint32).astype(np.uint16)
     # 0, -0, 1, -1, min subnormal, min normal, max, inf, -inf, qNaN, NaN with payload, 3, 1/3-ish
-    special = np.array([0x0000, 0x8000, 0x3F80, 0xBF80, 0x0001, 0x0080, 0x7F7F, 0x7F80, 0xFF80,
-                        0x7FC0, 0x7FA1, 0x4040, 0x3EAB], dtype=np.uint16)
+    special = np.array(
+        [0x0000, 0x8000, 0x3F80, 0xBF80, 0x0001, 0x0080, 0x7F7F, 0x7F80, 0xFF80, 0x7FC0, 0x7FA1, 0x4040, 0x3EAB],
+        dtype=np.uint16,
+    )
     sa, sb = np.meshgrid(special, special)
     # close values (catastrophic cancellation), and values 2^8 apart (alignment shifts)
     close_a = rng.integers(0x3F80, 0x4000, 4096, dtype=np.uint32).astype(np.uint16)
@@ -151,8 +181,7 @@ def _cast_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _binary_kernel(a_ptr, b_ptr, add_ptr, sub_ptr, mul_ptr, div_ptr, max_ptr, min_ptr, lt_ptr, n,
-                   BLOCK: tl.constexpr):
+def _binary_kernel(a_ptr, b_ptr, add_ptr, sub_ptr, mul_ptr, div_ptr, max_ptr, min_ptr, lt_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     a = tl.load(a_ptr + offs, mask=mask)
@@ -167,8 +196,16 @@ def _binary_kernel(a_ptr, b_ptr, add_ptr, sub_ptr, mul_ptr, div_ptr, max_ptr, mi
 
 
 @triton.jit
-def _dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+def _dot_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
     rm = tl.arange(0, M)
     rn = tl.arange(0, N)
     rk = tl.arange(0, BLOCK_K)
@@ -196,8 +233,7 @@ def binary(a_bits: np.ndarray, b_bits: np.ndarray, fmt: str, device) -> dict:
     a, b = from_bits(a_bits, fmt, device), from_bits(b_bits, fmt, device)
     outs = {op: torch.empty_like(a) for op in BINARY_OPS if op != "lt"}
     outs["lt"] = torch.empty(a.shape, dtype=torch.int8, device=device)
-    _binary_kernel[(triton.cdiv(a.numel(), BLOCK),)](a, b, *(outs[op] for op in BINARY_OPS), a.numel(),
-                                                     BLOCK=BLOCK)
+    _binary_kernel[(triton.cdiv(a.numel(), BLOCK),)](a, b, *(outs[op] for op in BINARY_OPS), a.numel(), BLOCK=BLOCK)
     return {op: to_bits(t) for op, t in outs.items()}
 
 
@@ -215,11 +251,11 @@ def run_all(device, on_error=None) -> dict:
     ``on_error(name, exc)``, if given, is called for a probe that raises, and the rest still run."""
     out = {}
 
-    def attempt(name, fn):
+    def attempt(name, fn, *args):
         if on_error is None:
-            return fn()
+            return fn(*args)
         try:
-            return fn()
+            return fn(*args)
         except Exception as exc:  # noqa: BLE001 - recorded and reported by the caller
             on_error(name, exc)
             return None
@@ -227,20 +263,20 @@ def run_all(device, on_error=None) -> dict:
     for src in FORMATS:
         out[f"in_{src}"] = cast_inputs(src)
     for src, dst in CASTS:
-        res = attempt(f"cast_{src}_{dst}", lambda: cast(out[f"in_{src}"], src, dst, device))
+        res = attempt(f"cast_{src}_{dst}", cast, out[f"in_{src}"], src, dst, device)
         if res is not None:
             out[f"cast_{src}_{dst}"] = res
     a, b = binary_inputs()
     out["binary_a"], out["binary_b"] = a, b
     for fmt in ("bf16", "fp16"):
-        res = attempt(f"binary_{fmt}", lambda: binary(a, b, fmt, device))
+        res = attempt(f"binary_{fmt}", binary, a, b, fmt, device)
         for op, bits in (res or {}).items():
             out[f"binary_{fmt}_{op}"] = bits
     for fmt, precision in DOTS:
         a, b = dot_inputs(fmt)
         key = f"dot_{fmt}_{precision}"
         out[f"{key}_a"], out[f"{key}_b"] = a, b
-        res = attempt(key, lambda: dot(a, b, fmt, precision, device))
+        res = attempt(key, dot, a, b, fmt, precision, device)
         if res is not None:
             out[key] = res
     return out

@@ -24,9 +24,9 @@ TOLERANCES = {
     ("gemm", torch.float32): Tolerance(1e-5, 1e-5, "fp32 inputs, fp32 accumulation: K rounding steps of 2^-24"),
     ("gemm", torch.bfloat16): Tolerance(1e-2, 1e-2, "bf16 output: one rounding of 2^-8 dominates the fp32 sum"),
     ("gemm", torch.float16): Tolerance(1e-3, 1e-3, "fp16 output: one rounding of 2^-11"),
-    ("gemm_fp8", torch.bfloat16): Tolerance(5e-2, 5e-2,
-                                            "fp8 inputs carry 2^-4 (e4m3) relative error each; "
-                                            "Hopper's fp8 accumulator keeps ~13 bits"),
+    ("gemm_fp8", torch.bfloat16): Tolerance(
+        5e-2, 5e-2, "fp8 inputs carry 2^-4 (e4m3) relative error each; Hopper's fp8 accumulator keeps ~13 bits"
+    ),
     ("gemm_chain", torch.bfloat16): Tolerance(5e-3, 5e-3, "two bf16 GEMMs whose errors partly cancel"),
     ("rmsnorm", torch.bfloat16): Tolerance(1e-3, 1e-3, "fp32 statistics, one bf16 rounding of the output"),
     ("softmax", torch.bfloat16): Tolerance(1e-3, 1e-3, "fp32 max/sum, outputs in [0, 1] rounded once"),
@@ -116,8 +116,10 @@ def compare(ours, ref, atol: float = 1e-2, rtol: float = 1e-2, name: str = "kern
     bad = bad_value | bad_nan | bad_inf
     max_abs = float(diff.max()) if diff.size else 0.0
     max_rel = float(rel.max()) if rel.size else 0.0
-    lines = [f"[{name}] max_abs={max_abs:.4e}  max_rel={max_rel:.4e}  "
-             f"mismatches={int(bad.sum())}/{a.size} (atol={atol:g}, rtol={rtol:g})"]
+    lines = [
+        f"[{name}] max_abs={max_abs:.4e}  max_rel={max_rel:.4e}  "
+        f"mismatches={int(bad.sum())}/{a.size} (atol={atol:g}, rtol={rtol:g})"
+    ]
     if bad_nan.any():
         extra = int((nan_a & ~nan_b).sum())
         missing = int((nan_b & ~nan_a).sum())
@@ -181,8 +183,7 @@ def assert_bits_equal(ours: torch.Tensor, ref: torch.Tensor, name: str = "kernel
         shown = inputs if inputs is not None else np.empty(0)
         if isinstance(shown, torch.Tensor):
             shown = _as_numpy(shown)
-        raise AssertionError(first_mismatches(shown, got.reshape(ours.shape), want.reshape(ours.shape),
-                                              bad, what=name))
+        raise AssertionError(first_mismatches(shown, got.reshape(ours.shape), want.reshape(ours.shape), bad, what=name))
 
 
 # -- the standard kernel test --------------------------------------------------------------------
@@ -208,8 +209,19 @@ def adversarial_inputs(shape, dtype=torch.float32, seed: int = 0, device="cpu") 
     return {k: v.reshape(shape).to(dtype).to(device) for k, v in cases.items()}
 
 
-def check_kernel(fn, ref, *, dtype=torch.float32, shapes=STANDARD_SHAPES, seeds=(0, 1, 2),
-                 atol: float = 0.0, rtol: float = 0.0, exact: bool = False, device="cpu", name=None):
+def check_kernel(
+    fn,
+    ref,
+    *,
+    dtype=torch.float32,
+    shapes=STANDARD_SHAPES,
+    seeds=(0, 1, 2),
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    exact: bool = False,
+    device="cpu",
+    name=None,
+):
     """Run ``fn`` and ``ref`` over several shapes, seeds and adversarial inputs.
 
     ``exact=True`` compares bits; otherwise values within (atol, rtol).  NaN must never appear
@@ -227,8 +239,9 @@ def check_kernel(fn, ref, *, dtype=torch.float32, shapes=STANDARD_SHAPES, seeds=
                     got_b, want_b = bits(got), bits(want)
                     bad = np.flatnonzero(got_b != want_b)
                     if bad.size:
-                        raise AssertionError(first_mismatches(bits(x).reshape(-1, 1), got_b.ravel(), want_b.ravel(),
-                                                              bad, what=label))
+                        raise AssertionError(
+                            first_mismatches(bits(x).reshape(-1, 1), got_b.ravel(), want_b.ravel(), bad, what=label)
+                        )
                 else:
                     result = compare(got, want, atol=atol, rtol=rtol, name=label)
                     if not result.ok:

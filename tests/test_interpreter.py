@@ -61,7 +61,7 @@ def _blockwise_reference(a64, b64, block_k):
     """``acc = tl.dot(a_blk, b_blk, acc)`` with each call exact and rounded once to fp32."""
     acc = np.zeros((a64.shape[0], b64.shape[1]), dtype=np.float32)
     for k in range(0, a64.shape[1], block_k):
-        acc = (acc.astype(np.float64) + a64[:, k:k + block_k] @ b64[k:k + block_k]).astype(np.float32)
+        acc = (acc.astype(np.float64) + a64[:, k : k + block_k] @ b64[k : k + block_k]).astype(np.float32)
     return acc
 
 
@@ -120,7 +120,7 @@ def test_bf16_dot_matches_float64_reference():
 def test_upstream_interpreter_still_needs_the_correction(table):
     """Fails once Triton's own interpreter gets these right: then retire kernels/_interpreter.py."""
     inputs = table["in_fp32"][:4096]  # bf16 grid values: exact in every path, then ties below
-    ties = table["in_fp32"][65536:65536 + 4096]
+    ties = table["in_fp32"][65536 : 65536 + 4096]
     _interpreter.uninstall()
     try:
         raw_bf16 = probe.cast(ties, "fp32", "bf16", "cpu")
@@ -132,4 +132,5 @@ def test_upstream_interpreter_still_needs_the_correction(table):
     broken = (raw_bf16 != fixed_bf16).any() or (raw_e4m3 != np.array([0x5C, 0x7E], dtype=np.uint8)).any()
     assert broken, (
         f"Triton {kernels._mode.__name__ and __import__('triton').__version__}'s interpreter now rounds "
-        "fp32 -> bf16 and fp32 -> fp8 like Hopper: drop the correction in kernels/_interpreter.py")
+        "fp32 -> bf16 and fp32 -> fp8 like Hopper: drop the correction in kernels/_interpreter.py"
+    )

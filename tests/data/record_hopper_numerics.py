@@ -39,8 +39,10 @@ def main(path):
     out["meta_date"] = np.array(datetime.date.today().isoformat())
     out["meta_commit"] = np.array(commit or "unknown")
     np.savez_compressed(path, **out)
-    print(f"wrote {len(out)} arrays to {path} ({torch.cuda.get_device_name()}, sm_{major}{minor}, "
-          f"torch {torch.__version__}, triton {triton.__version__}, tl {tl.__name__})")
+    print(
+        f"wrote {len(out)} arrays to {path} ({torch.cuda.get_device_name()}, sm_{major}{minor}, "
+        f"torch {torch.__version__}, triton {triton.__version__}, tl {tl.__name__})"
+    )
 
 
 if __name__ == "__main__":
