@@ -1,0 +1,73 @@
+"""Device classification, the environment report and CPU-mode selection."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kernels
+from kernels import device
+
+
+def test_report_names_device_versions_and_mode(capsys):
+    caps = device.report()
+    line = capsys.readouterr().out.strip()
+    assert line.count("\n") == 0
+    assert f"torch {torch.__version__}" in line and "triton " in line
+    assert ("CPU mode" in line) == caps.interpreter == kernels.INTERPRETER
+
+
+@pytest.mark.parametrize(
+    "cap,fp8,mx",
+    [
+        ((7, 5), "emulated", "emulated"),
+        ((8, 0), "emulated", "emulated"),
+        ((8, 9), "native", "emulated"),
+        ((9, 0), "native", "emulated"),
+        ((10, 0), "native", "native"),
+        ((12, 0), "native", "native"),
+    ],
+)
+def test_capability_classes(monkeypatch, cap, fp8, mx):
+    monkeypatch.setattr(kernels, "INTERPRETER", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some GPU")
+    caps = device.capabilities()
+    assert (caps.mode, caps.fp8, caps.mx_fp4, caps.sm) == ("cuda", fp8, mx, f"sm_{cap[0]}{cap[1]}")
+
+
+def test_gpu_only_skips_with_one_line_reason(monkeypatch, capsys):
+    monkeypatch.setattr(kernels, "INTERPRETER", True)
+    assert device.gpu_only("timing against cuBLAS") is False
+    assert capsys.readouterr().out == "skipped on CPU: timing against cuBLAS needs a CUDA GPU\n"
+    monkeypatch.setattr(kernels, "INTERPRETER", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100")
+    assert device.gpu_only("an FP8 GEMM", need="fp8") is False
+    assert "needs FP8 tensor cores" in capsys.readouterr().out
+    assert device.gpu_only("a bf16 GEMM") is True
+    with pytest.raises(ValueError, match="need must be"):
+        device.gpu_only("x", need="fp4")
+
+
+def _fresh_import(env_extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KERNELS_INTERPRET")}
+    env.update(env_extra)
+    code = "import os, kernels; print(kernels.INTERPRETER, os.environ.get('TRITON_INTERPRET'))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks automatic CPU mode on a machine without a GPU")
+def test_cpu_mode_is_automatic_and_announced_once():
+    run = _fresh_import({})
+    assert run.stdout.split() == ["True", "1"]
+    assert run.stderr.count("CPU interpreter") == 1 and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_bad_override_is_a_clear_error():
+    run = _fresh_import({"KERNELS_INTERPRET": "yes"})
+    assert run.returncode != 0 and "KERNELS_INTERPRET must be '0' or '1', got 'yes'" in run.stderr
