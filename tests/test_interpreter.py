@@ -120,17 +120,19 @@ def test_bf16_dot_matches_float64_reference():
 
 def test_upstream_interpreter_still_needs_the_correction(table):
     """Fails once Triton's own interpreter gets these right: then retire kernels/_interpreter.py."""
-    inputs = table["in_fp32"][:4096]  # bf16 grid values: exact in every path, then ties below
-    ties = table["in_fp32"][65536 : 65536 + 4096]
+    ties = table["in_fp32"][65536 : 65536 + 4096]  # exact bf16 ties (low half 0x8000)
+    fp8_cases = np.array([0x42F92E14, 0x43E80000, 0x3F880000], dtype=np.uint32)  # 124.59, 464, 1.0625
     _interpreter.uninstall()
     try:
         raw_bf16 = probe.cast(ties, "fp32", "bf16", "cpu")
-        raw_e4m3 = probe.cast(np.array([0x42F92E14, 0x43E80000], dtype=np.uint32), "fp32", "e4m3", "cpu")
+        raw_e4m3 = probe.cast(fp8_cases, "fp32", "e4m3", "cpu")
     finally:
         _interpreter.install()
+    assert _interpreter.installed()
     fixed_bf16 = probe.cast(ties, "fp32", "bf16", "cpu")
-    assert probe.cast(inputs, "fp32", "bf16", "cpu").size == inputs.size
-    broken = (raw_bf16 != fixed_bf16).any() or (raw_e4m3 != np.array([0x5C, 0x7E], dtype=np.uint8)).any()
+    fixed_e4m3 = probe.cast(fp8_cases, "fp32", "e4m3", "cpu")
+    assert fixed_e4m3.tolist() == [0x70, 0x7E, 0x38]  # 128, 448 (saturated), 1.0 (tie to even)
+    broken = (raw_bf16 != fixed_bf16).any() or (raw_e4m3 != fixed_e4m3).any()
     assert broken, (
         f"Triton {triton.__version__}'s interpreter now rounds "
         "fp32 -> bf16 and fp32 -> fp8 like Hopper: drop the correction in kernels/_interpreter.py"
