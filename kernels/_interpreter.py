@@ -34,8 +34,9 @@ import triton.language as tl
 from triton._C.libtriton import ir as _ir
 from triton.runtime import interpreter as _interp
 
-# The versions whose interpreter this correction was checked against (see tests/test_interpreter.py).
-TESTED_TRITON = ("3.6", "3.8")
+# The versions whose interpreter this correction was checked against (tests/test_interpreter.py).
+# On 3.6 the casts pass too, but its max/min and dot hooks differ; CPU mode pins 3.8.
+TESTED_TRITON = ("3.8",)
 
 _NUMPY = {
     "fp32": np.float32,
