@@ -62,7 +62,7 @@ def test_known_values(fn):
     x = from_bits(list(KNOWN))
     got = bits(fn(x))
     want = np.array(list(KNOWN.values()), dtype=np.uint16)
-    bad = [f"{k:#010x} -> {g:#06x}, want {w:#06x}" for k, g, w in zip(KNOWN, got, want) if g != w]
+    bad = [f"{k:#010x} -> {g:#06x}, want {w:#06x}" for k, g, w in zip(KNOWN, got, want, strict=True) if g != w]
     assert not bad, f"{fn.__name__}: " + "; ".join(bad)
 
 

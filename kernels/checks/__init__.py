@@ -1,0 +1,61 @@
+"""Exercise checks for the labs: one module per lab (``kernels.checks.lab00`` for Lab 0).
+
+A check takes the student's function, runs it on a fixed, device-independent input set and either
+prints one line with counts (pass) or raises ``AssertionError`` whose message says what went wrong in
+numerical terms ("ties rounded away from zero"), not just "mismatch".  The otter-grader tests of a
+lab notebook only call these functions, so what grades a student is ordinary package code with its
+own tests (``tests/test_checks_lab*.py``), each diagnosis shown to fire on a deliberately wrong
+solution.
+
+The helpers here are shared by every lab's checks: calling a student function so that an unfinished
+exercise reads as "not done yet" rather than as a traceback, and asking quietly whether a check passes
+so that a notebook can fall back to the package's kernel.
+"""
+
+import contextlib
+import io
+
+
+class ExerciseNotDone(AssertionError):
+    """The exercise has not been attempted yet (stub still in place); an ``AssertionError`` so that a
+    grader counts it as a failed test, not a crash."""
+
+
+def call_student(fn, *args, name: str, question: str):
+    """Call ``fn(*args)``; turn "not attempted" and crashes into ``AssertionError`` naming ``question``.
+
+    ``name`` is how the notebook calls the function, so the message points at the cell to edit.
+    """
+    if fn is None or fn is Ellipsis:
+        raise ExerciseNotDone(f"{question}: {name} is not defined yet: exercise not done yet")
+    if not callable(fn):
+        raise AssertionError(f"{question}: {name} must be a function, got {type(fn).__name__}")
+    try:
+        out = fn(*args)
+    except NotImplementedError as e:
+        raise ExerciseNotDone(f"{question}: {name} raised NotImplementedError: exercise not done yet") from e
+    except AssertionError:
+        raise
+    except Exception as e:  # a student's bug of any kind; shown with its type, the traceback chained
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise AssertionError(f"{question}: {name} raised {type(e).__name__}: {first}") from e
+    if out is None:
+        raise ExerciseNotDone(f"{question}: {name} returned None: exercise not done yet "
+                              f"(or its `return` is missing)")
+    return out
+
+
+def passes(check, fn) -> bool:
+    """True if ``check(fn)`` passes; prints nothing either way.
+
+    For notebooks that use a student's function when it works and the package's otherwise.
+    """
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            check(fn)
+        except AssertionError:
+            return False
+    return True
+
+
+__all__ = ["ExerciseNotDone", "call_student", "passes"]

@@ -1,0 +1,314 @@
+"""Lab 0's checks pass the right answer and catch each wrong one with the right diagnosis.
+
+Every diagnosis the checks can give is demanded here from a deliberately wrong solution written the
+way a student would write it, so a check that stopped diagnosing (or started blaming the wrong
+thing) fails a test rather than misleading a student.
+"""
+
+import re
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import kernels
+from kernels import bf16
+from kernels.checks import ExerciseNotDone, lab00, passes
+
+DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+
+# -- q1: round_bf16_bits in PyTorch, right and wrong --------------------------------------------------
+
+
+def is_nan(b):
+    return (b & 0x7FFFFFFF) > 0x7F800000
+
+
+def canonical_nan(b, rounded):
+    return torch.where(is_nan(b), torch.full_like(b, 0x7FFF), rounded)
+
+
+def rne(b):
+    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+
+
+def correct(b):
+    return canonical_nan(b, rne(b))
+
+
+def truncate(b):
+    return b >> 16
+
+
+def ties_away(b):
+    return canonical_nan(b, (b + 0x8000) >> 16)
+
+
+def ties_away_no_nan(b):
+    return (b + 0x8000) >> 16
+
+
+def ties_down(b):
+    return canonical_nan(b, (b + 0x7FFF) >> 16)
+
+
+def rounds_up_below_half(b):
+    return canonical_nan(b, (b + 0xFFFF) >> 16)
+
+
+def no_nan_case(b):
+    return rne(b) & 0xFFFF  # masked to 16 bits, so NaN shows up as inf, zero or another NaN
+
+
+def no_nan_case_unmasked(b):
+    return rne(b)
+
+
+def nan_keeps_payload(b):
+    return torch.where(is_nan(b), (b >> 16) | 0x0040, rne(b))
+
+
+def nan_test_catches_inf(b):
+    return torch.where((b & 0x7F800000) == 0x7F800000, torch.full_like(b, 0x7FFF), rne(b))
+
+
+def mantissa_field_only(b):
+    kept = (((b & 0x7FFFFF) + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0x7F
+    return canonical_nan(b, ((b >> 16) & 0xFF80) | kept)
+
+
+def saturates(b):
+    r = correct(b)
+    finite = (b & 0x7FFFFFFF) < 0x7F800000
+    return torch.where(finite & ((r & 0x7FFF) == 0x7F80), r - 1, r)
+
+
+def drops_sign(b):
+    return correct(b & 0x7FFFFFFF)
+
+
+def flushes_subnormals(b):
+    subnormal = (b & 0x7F800000) == 0
+    return torch.where(subnormal, (b >> 16) & 0x8000, correct(b))
+
+
+def no_shift(b):
+    return canonical_nan(b, b + 0x7FFF + ((b >> 16) & 1))
+
+
+def in_place(b):
+    b += 0x7FFF + ((b >> 16) & 1)
+    return canonical_nan(b, b >> 16)
+
+
+def stub(b):
+    raise NotImplementedError("q1: write round_bf16_bits")
+
+
+WRONG_Q1 = {
+    truncate: ["truncates instead of rounding (0x3F808001 -> 0x3F80, want 0x3F81)",
+               "NaN became inf", "NaN payload/sign not canonical"],
+    ties_away: ["ties rounded away from zero (0x3F808000 -> 0x3F81, want 0x3F80)"],
+    ties_away_no_nan: ["ties rounded away from zero", "values outside 0..0xFFFF (0xFFFFFFFF -> 0x10000",
+                       "the rounding carry of a NaN ran past bit 31",
+                       "NaN became inf", "NaN became zero", "not canonical"],
+    ties_down: ["ties always rounded down (0x3F818000 -> 0x3F81, want 0x3F82)"],
+    rounds_up_below_half: ["rounds up below the halfway point (0x3F807FFF -> 0x3F81, want 0x3F80)"],
+    no_nan_case: ["NaN became inf (0x7F800001 -> 0x7F80, want 0x7FFF)",
+                  "NaN became zero (0x7FFFFFFF -> 0x8000, want 0x7FFF): the rounding carry ran through",
+                  "NaN payload/sign not canonical"],
+    no_nan_case_unmasked: ["values outside 0..0xFFFF (0xFFFFFFFF -> 0x10000, want 0x7FFF): the rounding carry "
+                           "of a NaN ran past bit 31", "NaN became inf", "NaN became zero", "not canonical"],
+    nan_keeps_payload: ["NaN payload/sign not canonical (0x7F800001 -> 0x7FC0, want 0x7FFF)"],
+    nan_test_catches_inf: ["inf became NaN (0x7F800000 -> 0x7FFF, want 0x7F80)"],
+    mantissa_field_only: ["rounding carry lost into the exponent (0x3F7FFFFF -> 0x3F00, want 0x3F80)"],
+    saturates: ["saturates instead of overflowing to inf (0x7F7FFFFF -> 0x7F7F, want 0x7F80)"],
+    drops_sign: ["sign bit lost on negative inputs (0xBF808000 -> 0x3F80, want 0xBF80)"],
+    flushes_subnormals: ["subnormals flushed to zero (0x00018000 -> 0x0000, want 0x0002)"],
+    no_shift: ["values outside 0..0xFFFF (0x3F808001 -> 0x3F810000, want 0x3F81): a bf16 pattern is the top 16 "
+               "bits: did you shift right by 16?"],
+}
+
+# Diagnoses that each wrong solution must NOT get (one bug, one finding).
+ALL_SMELLS = ["truncates", "ties rounded away", "ties always rounded down", "rounds up below", "carry lost",
+              "saturates", "sign bit lost", "subnormals flushed", "inf became NaN", "NaN became inf",
+              "NaN became zero", "not canonical", "numbers became NaN", "values outside", "other mismatches"]
+
+
+def _finding_lines(message: str) -> list:
+    return [line for line in message.splitlines() if line.startswith("  - ")]
+
+
+@pytest.mark.parametrize("fn", list(WRONG_Q1), ids=lambda f: f.__name__)
+def test_q1_wrong_solution_is_diagnosed(fn):
+    with pytest.raises(AssertionError) as info:
+        lab00.check_round_bf16_bits(fn)
+    message = str(info.value)
+    assert message.startswith("q1: round_bf16_bits differs from the hardware cast")
+    for want in WRONG_Q1[fn]:
+        assert want in message, f"{fn.__name__}: expected {want!r} in:\n{message}"
+    findings = " ".join(_finding_lines(message))
+    expected = " ".join(WRONG_Q1[fn])
+    extra = [s for s in ALL_SMELLS if s in findings and s not in expected]
+    assert not extra, f"{fn.__name__}: spurious diagnoses {extra} in:\n{message}"
+    assert "first mismatches" in message
+
+
+def test_q1_correct_passes_with_counts(capsys):
+    assert lab00.check_round_bf16_bits(correct) is None
+    assert lab00.check_round_bf16_bits(bf16.round_bf16_bits_reference) is None
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == ("q1 passed: round_bf16_bits matches the hardware cast bit for bit on 10273/10273 inputs "
+                      "(special 33, tie 2048, neighbour 4096, random 4096)")
+
+
+def test_q1_accepts_16_bit_results():
+    lab00.check_round_bf16_bits(lambda b: correct(b).to(torch.int16))
+    lab00.check_round_bf16_bits(lambda b: correct(b).to(torch.int32))
+
+
+@pytest.mark.parametrize("fn, pattern", [
+    (stub, r"q1: round_bf16_bits raised NotImplementedError: exercise not done yet"),
+    (lambda b: None, r"q1: round_bf16_bits returned None: exercise not done yet"),
+    (None, r"q1: round_bf16_bits is not defined yet: exercise not done yet"),
+    (..., r"q1: round_bf16_bits is not defined yet: exercise not done yet"),
+], ids=["stub", "returns-None", "None", "Ellipsis"])
+def test_q1_not_done(fn, pattern):
+    with pytest.raises(ExerciseNotDone, match=pattern):
+        lab00.check_round_bf16_bits(fn)
+
+
+@pytest.mark.parametrize("fn, pattern", [
+    (in_place, r"changed its argument in place"),
+    (lambda b: b.float(), r"wrong dtype: round_bf16_bits returned torch.float32, want an integer tensor"),
+    (lambda b: correct(b)[:-1], r"wrong shape: round_bf16_bits returned shape \(10272,\), want \(10273,\)"),
+    (lambda b: correct(b).tolist(), r"wrong type: round_bf16_bits returned list"),
+    (lambda b: b.no_such_method(), r"round_bf16_bits raised AttributeError: .*no_such_method"),
+    (lambda b: torch.zeros_like(b), r"every output is 0x0000, whatever the input"),
+    (42, r"round_bf16_bits must be a function, got int"),
+], ids=["in-place", "float", "shape", "list", "crash", "constant", "not-callable"])
+def test_q1_bad_return(fn, pattern):
+    with pytest.raises(AssertionError, match=pattern):
+        lab00.check_round_bf16_bits(fn)
+
+
+# -- q2: Triton kernels, right and wrong ----------------------------------------------------------
+
+
+@triton.jit
+def _variant_kernel(x_ptr, y_ptr, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    u = x.to(tl.uint32, bitcast=True)
+    lsb = (u >> 16) & 1
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    if MODE == "truncate":
+        out = u >> 16
+    elif MODE == "ties_away":
+        out = tl.where(nan, 0x7FFF, (u + 0x8000) >> 16)
+    elif MODE == "no_nan":
+        out = (u + 0x7FFF + lsb) >> 16
+    elif MODE == "nan_keeps_sign":
+        out = tl.where(nan, (u >> 16) | 0x7FFF, (u + 0x7FFF + lsb) >> 16)
+    elif MODE == "int32_bits":  # signed bit pattern: still right, the low 16 bits are the same
+        s = x.to(tl.int32, bitcast=True)
+        out = tl.where(nan, 0x7FFF, (s + 0x7FFF + ((s >> 16) & 1)) >> 16)
+    else:
+        out = tl.where(nan, 0x7FFF, (u + 0x7FFF + lsb) >> 16)
+    y = out.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    if MODE != "no_store":
+        tl.store(y_ptr + offs, y, mask=mask)
+    if MODE == "writes_input":
+        tl.store(x_ptr + offs, x * 2, mask=mask)
+
+
+def launcher(mode):
+    def fp32_to_bf16(x):
+        y = torch.zeros(x.shape, dtype=torch.bfloat16, device=x.device)
+        n = x.numel()
+        _variant_kernel[(triton.cdiv(n, 1024),)](x, y, n, MODE=mode, BLOCK=1024)
+        return y
+
+    fp32_to_bf16.__name__ = f"fp32_to_bf16_{mode}"
+    return fp32_to_bf16
+
+
+@pytest.mark.parametrize("mode", ["rne", "int32_bits"])
+def test_q2_correct_kernel_passes(mode, capsys):
+    lab00.check_round_bf16(launcher(mode))
+    assert capsys.readouterr().out.strip() == (
+        "q2 passed: your kernel matches the hardware cast bit for bit on 10273/10273 inputs "
+        "(special 33, tie 2048, neighbour 4096, random 4096)")
+
+
+def test_q2_package_kernel_passes():
+    lab00.check_round_bf16(bf16.fp32_to_bf16_rne)
+
+
+@pytest.mark.parametrize("mode, wants", [
+    ("truncate", ["truncates instead of rounding (0x3F808001 -> 0x3F80, want 0x3F81)", "NaN became inf"]),
+    ("ties_away", ["ties rounded away from zero (0x3F808000 -> 0x3F81, want 0x3F80)"]),
+    ("no_nan", ["NaN became inf (0x7F800001 -> 0x7F80, want 0x7FFF)",
+                "NaN became zero (0x7FFFFFFF -> 0x8000, want 0x7FFF)"]),
+    ("nan_keeps_sign", ["NaN payload/sign not canonical (0xFFC00000 -> 0xFFFF, want 0x7FFF)"]),
+    ("no_store", ["every output is 0x0000, whatever the input", "tl.store"]),
+])
+def test_q2_wrong_kernel_is_diagnosed(mode, wants):
+    with pytest.raises(AssertionError) as info:
+        lab00.check_round_bf16(launcher(mode))
+    message = str(info.value)
+    assert message.startswith("q2: your kernel differs from the hardware cast")
+    for want in wants:
+        assert want in message, f"{mode}: expected {want!r} in:\n{message}"
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_q2_kernel_writing_its_input_is_caught():
+    with pytest.raises(AssertionError, match="the kernel wrote into its input x"):
+        lab00.check_round_bf16(launcher("writes_input"))
+
+
+@pytest.mark.parametrize("fn, pattern", [
+    (lambda x: x.clone(), r"wrong dtype/shape: returned torch.float32 of shape \(10273,\), want torch.bfloat16"),
+    (lambda x: bf16.fp32_to_bf16_rne(x)[:5], r"wrong dtype/shape: .* of shape \(5,\)"),
+    (lambda x: None, r"q2: .* returned None: exercise not done yet"),
+    (lambda x: bf16.fp32_to_bf16_rne(x).tolist(), r"wrong type: returned list"),
+], ids=["float32", "shape", "None", "list"])
+def test_q2_bad_return(fn, pattern):
+    with pytest.raises(AssertionError, match=pattern):
+        lab00.check_round_bf16(fn)
+
+
+# -- the final comparison with the package, and the quiet pass/fail used for fallbacks ----------------
+
+
+def test_same_as_package(capsys):
+    lab00.check_same_as_package(launcher("rne"))
+    assert capsys.readouterr().out.strip() == (
+        "same bits as kernels.bf16.fp32_to_bf16_rne: 30 standard cases and 327680 patterns")
+
+
+def test_same_as_package_catches_a_difference():
+    # ties away from zero is right on the random inputs of check_kernel, wrong on the sweep's ties
+    with pytest.raises(AssertionError, match=re.escape("differ on 32640 of 327680 patterns (first: 0x00008000 -> "
+                                                       "0x0001, package 0x0000)")):
+        lab00.check_same_as_package(launcher("ties_away"))
+    with pytest.raises(AssertionError, match="your converter"):
+        lab00.check_same_as_package(launcher("truncate"))
+
+
+def test_passes_is_quiet(capsys):
+    assert passes(lab00.check_round_bf16_bits, correct) is True
+    assert passes(lab00.check_round_bf16_bits, truncate) is False
+    assert passes(lab00.check_round_bf16_bits, stub) is False
+    assert capsys.readouterr().out == ""
+
+
+def test_input_set_is_fixed():
+    inputs = lab00.adversarial_fp32()
+    again = lab00.adversarial_fp32()
+    assert (inputs.bits == again.bits).all() and inputs.bits.size == 10273
+    assert list(inputs.counts) == ["special", "tie", "neighbour", "random"]
+    assert inputs.bits[0] == 0x3F808001  # the first special is the one quoted for truncation
