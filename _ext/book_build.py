@@ -14,12 +14,20 @@ Provenance cells
     tags never reach the HTML.  Here the blockquote of such a cell gets the classes
     ``tag_provenance`` and ``provenance`` and is moved under the page title; _static/custom.css
     styles it.
+
+Bibliography order
+    The bibliography style ``lowprec`` is pybtex's ``plain`` with one change: sorting ignores the
+    braces that protect an organisation's name (``{{Open Compute Project}}``), which would otherwise
+    put every organisation after all the people.
 """
 
 from pathlib import Path
 
 import nbformat
 from docutils import nodes
+from pybtex.plugin import register_plugin
+from pybtex.style.formatting.plain import Style as PlainStyle
+from pybtex.style.sorting.author_year_title import SortingStyle
 from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
@@ -38,8 +46,13 @@ def _serve_mathjax_once(app, config) -> None:
     if "://" in path:
         return  # a URL: nothing bundled to check
     if not any((Path(app.confdir) / static / path).is_file() for static in config.html_static_path):
-        logger.warning("mathjax_path %r is not a file under html_static_path %r", path, config.html_static_path,
-                       type="book", subtype="mathjax")
+        logger.warning(
+            "mathjax_path %r is not a file under html_static_path %r",
+            path,
+            config.html_static_path,
+            type="book",
+            subtype="mathjax",
+        )
 
 
 def _first_cell_is_provenance(source: Path) -> bool:
@@ -55,8 +68,13 @@ def _mark_provenance(app, doctree) -> None:
         return
     quote = next(iter(doctree.findall(nodes.block_quote)), None)
     if quote is None:
-        logger.warning("the provenance cell of %s is not a blockquote; it is left unstyled", docname,
-                       type="book", subtype="provenance", location=docname)
+        logger.warning(
+            "the provenance cell of %s is not a blockquote; it is left unstyled",
+            docname,
+            type="book",
+            subtype="provenance",
+            location=docname,
+        )
         return
     quote["classes"].extend(["tag_" + PROVENANCE_TAG, PROVENANCE_TAG])
     # The recorder puts the cell above the notebook's "# Title"; show it under the title instead.
@@ -66,7 +84,18 @@ def _mark_provenance(app, doctree) -> None:
         section.insert(1, quote)
 
 
+class BraceBlindSorting(SortingStyle):
+    def person_key(self, person):
+        return super().person_key(person).replace("{", "").replace("}", "")
+
+
+class BookStyle(PlainStyle):
+    default_sorting_style = "lowprec"
+
+
 def setup(app):
+    register_plugin("pybtex.style.sorting", "lowprec", BraceBlindSorting, force=True)
+    register_plugin("pybtex.style.formatting", "lowprec", BookStyle, force=True)
     app.connect("config-inited", _serve_mathjax_once)
     app.connect("doctree-read", _mark_provenance)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
