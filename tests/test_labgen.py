@@ -90,8 +90,9 @@ def test_lab_shape(master):
     lab = nbformat.read(ROOT / "labs" / master.name, as_version=4)
     code = [c for c in lab.cells if c.cell_type == "code"]
     first = code[0].source
-    assert first.index("import kernels") < first.index("from kernels import device") < first.index(
-        "device.report()"), "the first code cell must import kernels and report the device"
+    assert first.index("import kernels") < first.index("from kernels import device") < first.index("device.report()"), (
+        "the first code cell must import kernels and report the device"
+    )
     assert f'otter.Notebook("{master.name}")' in "\n".join(c.source for c in code)
     tests = lab.metadata["otter"]["tests"]
     assert tests, "the tests travel in the lab's metadata"
@@ -116,18 +117,12 @@ def test_lab0_prompts_replace_the_solutions():
 
 def _grade(notebook: Path, lab: Path, tmp_path: Path):
     """otter's grading of ``notebook`` with the tests stored in ``lab``; returns (earned, possible)."""
-    from otter.execute import grade_notebook
+    from kernels import grade
 
-    tests_dir = tmp_path / "tests"
-    tests_dir.mkdir(exist_ok=True)
-    meta = nbformat.read(lab, as_version=4).metadata["otter"]["tests"]
-    paths = []
-    for name, source in meta.items():
-        path = tests_dir / f"{name}.py"
-        path.write_text(source)
-        paths.append(str(path))
-    results = grade_notebook(str(notebook), tests_glob=paths, test_dir=str(tests_dir), cwd=str(notebook.parent))
-    return results.total, results.possible
+    workdir = tmp_path / f"grade-{notebook.parent.name}"
+    score = grade.grade_one(notebook, grade.lab_tests(lab), workdir)
+    assert not score.error, score.error
+    return score.earned, score.possible
 
 
 @pytest.mark.parametrize("master", SOLUTIONS, ids=lambda p: p.name)
