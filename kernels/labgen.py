@@ -52,8 +52,10 @@ def _checked_outputs(master: nbformat.NotebookNode, name: str) -> dict:
         if cell.cell_type != "code" or not cell.source.startswith(CHECK_OUTPUT_MARK):
             continue
         if not cell.get("outputs"):
-            raise LabgenError(f"{name}: cell {i} starts with {CHECK_OUTPUT_MARK} but has no stored output; "
-                              f"execute the solution notebook first (its outputs are what nbval compares with)")
+            raise LabgenError(
+                f"{name}: cell {i} starts with {CHECK_OUTPUT_MARK} but has no stored output; "
+                f"execute the solution notebook first (its outputs are what nbval compares with)"
+            )
         stored[cell.source] = [_clean_output(o) for o in cell.outputs]
     return stored
 
@@ -114,8 +116,10 @@ def render_lab(master_path: Path) -> str:
             cell.outputs = []
             if cell.source.startswith(CHECK_OUTPUT_MARK):
                 if cell.source not in stored:
-                    raise LabgenError(f"{name}: a {CHECK_OUTPUT_MARK} cell changed between solution and lab "
-                                      f"(inside a SOLUTION block?): {cell.source.splitlines()[1:2]}")
+                    raise LabgenError(
+                        f"{name}: a {CHECK_OUTPUT_MARK} cell changed between solution and lab "
+                        f"(inside a SOLUTION block?): {cell.source.splitlines()[1:2]}"
+                    )
                 cell.outputs = stored[cell.source]
                 # nbval only compares cells that look executed; a count derived from the position
                 # keeps the file deterministic.
@@ -166,8 +170,9 @@ def write_labs(root: Path = ROOT) -> list:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.labgen", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 naming every lab that is stale, missing or orphaned")
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 naming every lab that is stale, missing or orphaned"
+    )
     parser.add_argument("--root", type=Path, default=ROOT, help="repository root (default: %(default)s)")
     args = parser.parse_args(argv)
     root = args.root.resolve()

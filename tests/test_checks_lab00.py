@@ -107,33 +107,63 @@ def stub(b):
 
 
 WRONG_Q1 = {
-    truncate: ["truncates instead of rounding (0x3F808001 -> 0x3F80, want 0x3F81)",
-               "NaN became inf", "NaN payload/sign not canonical"],
+    truncate: [
+        "truncates instead of rounding (0x3F808001 -> 0x3F80, want 0x3F81)",
+        "NaN became inf",
+        "NaN payload/sign not canonical",
+    ],
     ties_away: ["ties rounded away from zero (0x3F808000 -> 0x3F81, want 0x3F80)"],
-    ties_away_no_nan: ["ties rounded away from zero", "values outside 0..0xFFFF (0xFFFFFFFF -> 0x10000",
-                       "the rounding carry of a NaN ran past bit 31",
-                       "NaN became inf", "NaN became zero", "not canonical"],
+    ties_away_no_nan: [
+        "ties rounded away from zero",
+        "values outside 0..0xFFFF (0xFFFFFFFF -> 0x10000",
+        "the rounding carry of a NaN ran past bit 31",
+        "NaN became inf",
+        "NaN became zero",
+        "not canonical",
+    ],
     ties_down: ["ties always rounded down (0x3F818000 -> 0x3F81, want 0x3F82)"],
     rounds_up_below_half: ["rounds up below the halfway point (0x3F807FFF -> 0x3F81, want 0x3F80)"],
-    no_nan_case: ["NaN became inf (0x7F800001 -> 0x7F80, want 0x7FFF)",
-                  "NaN became zero (0x7FFFFFFF -> 0x8000, want 0x7FFF): the rounding carry ran through",
-                  "NaN payload/sign not canonical"],
-    no_nan_case_unmasked: ["values outside 0..0xFFFF (0xFFFFFFFF -> 0x10000, want 0x7FFF): the rounding carry "
-                           "of a NaN ran past bit 31", "NaN became inf", "NaN became zero", "not canonical"],
+    no_nan_case: [
+        "NaN became inf (0x7F800001 -> 0x7F80, want 0x7FFF)",
+        "NaN became zero (0x7FFFFFFF -> 0x8000, want 0x7FFF): the rounding carry ran through",
+        "NaN payload/sign not canonical",
+    ],
+    no_nan_case_unmasked: [
+        "values outside 0..0xFFFF (0xFFFFFFFF -> 0x10000, want 0x7FFF): the rounding carry of a NaN ran past bit 31",
+        "NaN became inf",
+        "NaN became zero",
+        "not canonical",
+    ],
     nan_keeps_payload: ["NaN payload/sign not canonical (0x7F800001 -> 0x7FC0, want 0x7FFF)"],
     nan_test_catches_inf: ["inf became NaN (0x7F800000 -> 0x7FFF, want 0x7F80)"],
     mantissa_field_only: ["rounding carry lost into the exponent (0x3F7FFFFF -> 0x3F00, want 0x3F80)"],
     saturates: ["saturates instead of overflowing to inf (0x7F7FFFFF -> 0x7F7F, want 0x7F80)"],
     drops_sign: ["sign bit lost on negative inputs (0xBF808000 -> 0x3F80, want 0xBF80)"],
     flushes_subnormals: ["subnormals flushed to zero (0x00018000 -> 0x0000, want 0x0002)"],
-    no_shift: ["values outside 0..0xFFFF (0x3F808001 -> 0x3F810000, want 0x3F81): a bf16 pattern is the top 16 "
-               "bits: did you shift right by 16?"],
+    no_shift: [
+        "values outside 0..0xFFFF (0x3F808001 -> 0x3F810000, want 0x3F81): a bf16 pattern is the top 16 "
+        "bits: did you shift right by 16?"
+    ],
 }
 
 # Diagnoses that each wrong solution must NOT get (one bug, one finding).
-ALL_SMELLS = ["truncates", "ties rounded away", "ties always rounded down", "rounds up below", "carry lost",
-              "saturates", "sign bit lost", "subnormals flushed", "inf became NaN", "NaN became inf",
-              "NaN became zero", "not canonical", "numbers became NaN", "values outside", "other mismatches"]
+ALL_SMELLS = [
+    "truncates",
+    "ties rounded away",
+    "ties always rounded down",
+    "rounds up below",
+    "carry lost",
+    "saturates",
+    "sign bit lost",
+    "subnormals flushed",
+    "inf became NaN",
+    "NaN became inf",
+    "NaN became zero",
+    "not canonical",
+    "numbers became NaN",
+    "values outside",
+    "other mismatches",
+]
 
 
 def _finding_lines(message: str) -> list:
@@ -159,8 +189,10 @@ def test_q1_correct_passes_with_counts(capsys):
     assert lab00.check_round_bf16_bits(correct) is None
     assert lab00.check_round_bf16_bits(bf16.round_bf16_bits_reference) is None
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[0] == ("q1 passed: round_bf16_bits matches the hardware cast bit for bit on 10273/10273 inputs "
-                      "(special 33, tie 2048, neighbour 4096, random 4096)")
+    assert out[0] == (
+        "q1 passed: round_bf16_bits matches the hardware cast bit for bit on 10273/10273 inputs "
+        "(special 33, tie 2048, neighbour 4096, random 4096)"
+    )
 
 
 def test_q1_accepts_16_bit_results():
@@ -168,26 +200,34 @@ def test_q1_accepts_16_bit_results():
     lab00.check_round_bf16_bits(lambda b: correct(b).to(torch.int32))
 
 
-@pytest.mark.parametrize("fn, pattern", [
-    (stub, r"q1: round_bf16_bits raised NotImplementedError: exercise not done yet"),
-    (lambda b: None, r"q1: round_bf16_bits returned None: exercise not done yet"),
-    (None, r"q1: round_bf16_bits is not defined yet: exercise not done yet"),
-    (..., r"q1: round_bf16_bits is not defined yet: exercise not done yet"),
-], ids=["stub", "returns-None", "None", "Ellipsis"])
+@pytest.mark.parametrize(
+    "fn, pattern",
+    [
+        (stub, r"q1: round_bf16_bits raised NotImplementedError: exercise not done yet"),
+        (lambda b: None, r"q1: round_bf16_bits returned None: exercise not done yet"),
+        (None, r"q1: round_bf16_bits is not defined yet: exercise not done yet"),
+        (..., r"q1: round_bf16_bits is not defined yet: exercise not done yet"),
+    ],
+    ids=["stub", "returns-None", "None", "Ellipsis"],
+)
 def test_q1_not_done(fn, pattern):
     with pytest.raises(ExerciseNotDone, match=pattern):
         lab00.check_round_bf16_bits(fn)
 
 
-@pytest.mark.parametrize("fn, pattern", [
-    (in_place, r"changed its argument in place"),
-    (lambda b: b.float(), r"wrong dtype: round_bf16_bits returned torch.float32, want an integer tensor"),
-    (lambda b: correct(b)[:-1], r"wrong shape: round_bf16_bits returned shape \(10272,\), want \(10273,\)"),
-    (lambda b: correct(b).tolist(), r"wrong type: round_bf16_bits returned list"),
-    (lambda b: b.no_such_method(), r"round_bf16_bits raised AttributeError: .*no_such_method"),
-    (lambda b: torch.zeros_like(b), r"every output is 0x0000, whatever the input"),
-    (42, r"round_bf16_bits must be a function, got int"),
-], ids=["in-place", "float", "shape", "list", "crash", "constant", "not-callable"])
+@pytest.mark.parametrize(
+    "fn, pattern",
+    [
+        (in_place, r"changed its argument in place"),
+        (lambda b: b.float(), r"wrong dtype: round_bf16_bits returned torch.float32, want an integer tensor"),
+        (lambda b: correct(b)[:-1], r"wrong shape: round_bf16_bits returned shape \(10272,\), want \(10273,\)"),
+        (lambda b: correct(b).tolist(), r"wrong type: round_bf16_bits returned list"),
+        (lambda b: b.no_such_method(), r"round_bf16_bits raised AttributeError: .*no_such_method"),
+        (lambda b: torch.zeros_like(b), r"every output is 0x0000, whatever the input"),
+        (42, r"round_bf16_bits must be a function, got int"),
+    ],
+    ids=["in-place", "float", "shape", "list", "crash", "constant", "not-callable"],
+)
 def test_q1_bad_return(fn, pattern):
     with pytest.raises(AssertionError, match=pattern):
         lab00.check_round_bf16_bits(fn)
@@ -240,21 +280,30 @@ def test_q2_correct_kernel_passes(mode, capsys):
     lab00.check_round_bf16(launcher(mode))
     assert capsys.readouterr().out.strip() == (
         "q2 passed: your kernel matches the hardware cast bit for bit on 10273/10273 inputs "
-        "(special 33, tie 2048, neighbour 4096, random 4096)")
+        "(special 33, tie 2048, neighbour 4096, random 4096)"
+    )
 
 
 def test_q2_package_kernel_passes():
     lab00.check_round_bf16(bf16.fp32_to_bf16_rne)
 
 
-@pytest.mark.parametrize("mode, wants", [
-    ("truncate", ["truncates instead of rounding (0x3F808001 -> 0x3F80, want 0x3F81)", "NaN became inf"]),
-    ("ties_away", ["ties rounded away from zero (0x3F808000 -> 0x3F81, want 0x3F80)"]),
-    ("no_nan", ["NaN became inf (0x7F800001 -> 0x7F80, want 0x7FFF)",
-                "NaN became zero (0x7FFFFFFF -> 0x8000, want 0x7FFF)"]),
-    ("nan_keeps_sign", ["NaN payload/sign not canonical (0xFFC00000 -> 0xFFFF, want 0x7FFF)"]),
-    ("no_store", ["every output is 0x0000, whatever the input", "tl.store"]),
-])
+@pytest.mark.parametrize(
+    "mode, wants",
+    [
+        ("truncate", ["truncates instead of rounding (0x3F808001 -> 0x3F80, want 0x3F81)", "NaN became inf"]),
+        ("ties_away", ["ties rounded away from zero (0x3F808000 -> 0x3F81, want 0x3F80)"]),
+        (
+            "no_nan",
+            [
+                "NaN became inf (0x7F800001 -> 0x7F80, want 0x7FFF)",
+                "NaN became zero (0x7FFFFFFF -> 0x8000, want 0x7FFF)",
+            ],
+        ),
+        ("nan_keeps_sign", ["NaN payload/sign not canonical (0xFFC00000 -> 0xFFFF, want 0x7FFF)"]),
+        ("no_store", ["every output is 0x0000, whatever the input", "tl.store"]),
+    ],
+)
 def test_q2_wrong_kernel_is_diagnosed(mode, wants):
     with pytest.raises(AssertionError) as info:
         lab00.check_round_bf16(launcher(mode))
@@ -270,12 +319,16 @@ def test_q2_kernel_writing_its_input_is_caught():
         lab00.check_round_bf16(launcher("writes_input"))
 
 
-@pytest.mark.parametrize("fn, pattern", [
-    (lambda x: x.clone(), r"wrong dtype/shape: returned torch.float32 of shape \(10273,\), want torch.bfloat16"),
-    (lambda x: bf16.fp32_to_bf16_rne(x)[:5], r"wrong dtype/shape: .* of shape \(5,\)"),
-    (lambda x: None, r"q2: .* returned None: exercise not done yet"),
-    (lambda x: bf16.fp32_to_bf16_rne(x).tolist(), r"wrong type: returned list"),
-], ids=["float32", "shape", "None", "list"])
+@pytest.mark.parametrize(
+    "fn, pattern",
+    [
+        (lambda x: x.clone(), r"wrong dtype/shape: returned torch.float32 of shape \(10273,\), want torch.bfloat16"),
+        (lambda x: bf16.fp32_to_bf16_rne(x)[:5], r"wrong dtype/shape: .* of shape \(5,\)"),
+        (lambda x: None, r"q2: .* returned None: exercise not done yet"),
+        (lambda x: bf16.fp32_to_bf16_rne(x).tolist(), r"wrong type: returned list"),
+    ],
+    ids=["float32", "shape", "None", "list"],
+)
 def test_q2_bad_return(fn, pattern):
     with pytest.raises(AssertionError, match=pattern):
         lab00.check_round_bf16(fn)
@@ -287,13 +340,16 @@ def test_q2_bad_return(fn, pattern):
 def test_same_as_package(capsys):
     lab00.check_same_as_package(launcher("rne"))
     assert capsys.readouterr().out.strip() == (
-        "same bits as kernels.bf16.fp32_to_bf16_rne: 30 standard cases and 327680 patterns")
+        "same bits as kernels.bf16.fp32_to_bf16_rne: 30 standard cases and 327680 patterns"
+    )
 
 
 def test_same_as_package_catches_a_difference():
     # ties away from zero is right on the random inputs of check_kernel, wrong on the sweep's ties
-    with pytest.raises(AssertionError, match=re.escape("differ on 32640 of 327680 patterns (first: 0x00008000 -> "
-                                                       "0x0001, package 0x0000)")):
+    with pytest.raises(
+        AssertionError,
+        match=re.escape("differ on 32640 of 327680 patterns (first: 0x00008000 -> 0x0001, package 0x0000)"),
+    ):
         lab00.check_same_as_package(launcher("ties_away"))
     with pytest.raises(AssertionError, match="your converter"):
         lab00.check_same_as_package(launcher("truncate"))

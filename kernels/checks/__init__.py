@@ -40,8 +40,7 @@ def call_student(fn, *args, name: str, question: str):
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise AssertionError(f"{question}: {name} raised {type(e).__name__}: {first}") from e
     if out is None:
-        raise ExerciseNotDone(f"{question}: {name} returned None: exercise not done yet "
-                              f"(or its `return` is missing)")
+        raise ExerciseNotDone(f"{question}: {name} returned None: exercise not done yet (or its `return` is missing)")
     return out
 
 

@@ -122,8 +122,10 @@ def diagnose(u: np.ndarray, got: np.ndarray, want: np.ndarray) -> list:
     (a truncating kernel also rounds odd ties down; that is not a second finding).
     """
     if np.unique(got).size == 1 and np.unique(want).size > 1:
-        return [f"every output is {_h(got[0])}, whatever the input: the result does not depend on it "
-                f"(in a kernel: is there a tl.store of the result, with the right mask?)"]
+        return [
+            f"every output is {_h(got[0])}, whatever the input: the result does not depend on it "
+            f"(in a kernel: is there a tl.store of the result, with the right mask?)"
+        ]
     u = u.astype(np.int64)
     mag = u & ABS
     nan = mag > INF32
@@ -153,58 +155,113 @@ def diagnose(u: np.ndarray, got: np.ndarray, want: np.ndarray) -> list:
     outside = (got < 0) | (got > 0xFFFF)
     if outside.any():
         only_nan = nan[outside].all()
-        smell(outside, got, "values outside 0..0xFFFF",
-              "the rounding carry of a NaN ran past bit 31; handle NaN before adding the bias" if only_nan
-              else "a bf16 pattern is the top 16 bits: did you shift right by 16?")
+        smell(
+            outside,
+            got,
+            "values outside 0..0xFFFF",
+            "the rounding carry of a NaN ran past bit 31; handle NaN before adding the bias"
+            if only_nan
+            else "a bf16 pattern is the top 16 bits: did you shift right by 16?",
+        )
         if not only_nan:
             return found  # no shift at all: everything else follows from that
 
     # Flushing is judged only where a zero cannot come from another bug: the truncated pattern is not
     # zero (truncation) and rounding does not carry into the exponent (a lost carry).
     no_carry = (want & 0xFF80) == (trunc & 0xFF80)
-    smell(subnormal & ((trunc & 0x7FFF) != 0) & no_carry, trunc & 0x8000, "subnormals flushed to zero",
-          "bf16 has fp32's exponent range, so subnormals round exactly like normal numbers; no special "
-          "case is needed", recipe=np.where(subnormal, trunc & 0x8000, -1))
-    smell(rounding & (low > 0x8000) & (want == trunc + 1), trunc, "truncates instead of rounding",
-          "a dropped half above 0x8000 must round the kept part up; add 0x7FFF + lsb before the shift",
-          recipe=trunc)
+    smell(
+        subnormal & ((trunc & 0x7FFF) != 0) & no_carry,
+        trunc & 0x8000,
+        "subnormals flushed to zero",
+        "bf16 has fp32's exponent range, so subnormals round exactly like normal numbers; no special case is needed",
+        recipe=np.where(subnormal, trunc & 0x8000, -1),
+    )
+    smell(
+        rounding & (low > 0x8000) & (want == trunc + 1),
+        trunc,
+        "truncates instead of rounding",
+        "a dropped half above 0x8000 must round the kept part up; add 0x7FFF + lsb before the shift",
+        recipe=trunc,
+    )
     # Before the ties: rounding up everything (ceiling) also rounds even ties up.
-    smell(rounding & (low < 0x8000) & (want == trunc), trunc + 1, "rounds up below the halfway point",
-          "only a dropped half above 0x8000 (or exactly 0x8000 with an odd kept part) rounds up",
-          recipe=(u + 0xFFFF) >> 16)
-    smell(rounding & (low == 0x8000) & (lsb == 0), trunc + 1, "ties rounded away from zero",
-          "a tie goes to the EVEN neighbour; the bias is 0x7FFF + lsb (lsb = bit 16, the lowest kept "
-          "bit), not 0x8000", recipe=(u + 0x8000) >> 16)
-    smell(rounding & (low == 0x8000) & (lsb == 1), trunc, "ties always rounded down",
-          "with an odd kept part a tie rounds up to the even neighbour; add lsb = (bits >> 16) & 1 to "
-          "the 0x7FFF bias", recipe=(u + 0x7FFF) >> 16)
-    smell(finite & ((trunc & 0x7F) == 0x7F) & (want == trunc + 1), trunc & 0xFF80,
-          "rounding carry lost into the exponent",
-          "when the 7 kept mantissa bits are all ones, rounding up must carry into the exponent; add "
-          "the bias to the whole 32-bit pattern, not to the mantissa field alone")
-    smell(overflow, want - 1, "saturates instead of overflowing to inf",
-          "values that round past bf16's largest finite number (0x7F7F) become inf, as the hardware "
-          "cast does")
-    smell(~nan & (want >= 0x8000), want & 0x7FFF, "sign bit lost on negative inputs",
-          "rounding acts on the magnitude; the sign bit must come through unchanged")
-    smell(inf, np.full_like(u, 0x7FFF), "inf became NaN",
-          "inf has an all-ones exponent too, but a zero mantissa; test (bits & 0x7FFFFFFF) > 0x7F800000 "
-          "for NaN")
-    smell(nan, (u >> 16) & 0xFF80, "NaN became inf",
-          "its payload sat only in the 16 dropped bits, leaving the inf pattern; handle NaN (return "
-          "0x7FFF) before adding the bias and shifting")
-    smell(nan, np.where((got & 0x7FFF) == 0, got, -1), "NaN became zero",
-          "the rounding carry ran through the exponent (into the sign bit or past bit 31); handle NaN "
-          "before adding the bias")
+    smell(
+        rounding & (low < 0x8000) & (want == trunc),
+        trunc + 1,
+        "rounds up below the halfway point",
+        "only a dropped half above 0x8000 (or exactly 0x8000 with an odd kept part) rounds up",
+        recipe=(u + 0xFFFF) >> 16,
+    )
+    smell(
+        rounding & (low == 0x8000) & (lsb == 0),
+        trunc + 1,
+        "ties rounded away from zero",
+        "a tie goes to the EVEN neighbour; the bias is 0x7FFF + lsb (lsb = bit 16, the lowest kept bit), not 0x8000",
+        recipe=(u + 0x8000) >> 16,
+    )
+    smell(
+        rounding & (low == 0x8000) & (lsb == 1),
+        trunc,
+        "ties always rounded down",
+        "with an odd kept part a tie rounds up to the even neighbour; add lsb = (bits >> 16) & 1 to the 0x7FFF bias",
+        recipe=(u + 0x7FFF) >> 16,
+    )
+    smell(
+        finite & ((trunc & 0x7F) == 0x7F) & (want == trunc + 1),
+        trunc & 0xFF80,
+        "rounding carry lost into the exponent",
+        "when the 7 kept mantissa bits are all ones, rounding up must carry into the exponent; add "
+        "the bias to the whole 32-bit pattern, not to the mantissa field alone",
+    )
+    smell(
+        overflow,
+        want - 1,
+        "saturates instead of overflowing to inf",
+        "values that round past bf16's largest finite number (0x7F7F) become inf, as the hardware cast does",
+    )
+    smell(
+        ~nan & (want >= 0x8000),
+        want & 0x7FFF,
+        "sign bit lost on negative inputs",
+        "rounding acts on the magnitude; the sign bit must come through unchanged",
+    )
+    smell(
+        inf,
+        np.full_like(u, 0x7FFF),
+        "inf became NaN",
+        "inf has an all-ones exponent too, but a zero mantissa; test (bits & 0x7FFFFFFF) > 0x7F800000 for NaN",
+    )
+    smell(
+        nan,
+        (u >> 16) & 0xFF80,
+        "NaN became inf",
+        "its payload sat only in the 16 dropped bits, leaving the inf pattern; handle NaN (return "
+        "0x7FFF) before adding the bias and shifting",
+    )
+    smell(
+        nan,
+        np.where((got & 0x7FFF) == 0, got, -1),
+        "NaN became zero",
+        "the rounding carry ran through the exponent (into the sign bit or past bit 31); handle NaN "
+        "before adding the bias",
+    )
     nan_got = ((got & 0x7F80) == 0x7F80) & ((got & 0x7F) != 0)
-    smell(nan & nan_got, got, "NaN payload/sign not canonical",
-          "want 0x7FFF, the hardware cast's answer for every NaN whatever its sign or payload")
-    smell(finite, np.full_like(u, 0x7FFF), "numbers became NaN",
-          "test for NaN on the input: exponent all ones AND mantissa non-zero")
+    smell(
+        nan & nan_got,
+        got,
+        "NaN payload/sign not canonical",
+        "want 0x7FFF, the hardware cast's answer for every NaN whatever its sign or payload",
+    )
+    smell(
+        finite,
+        np.full_like(u, 0x7FFF),
+        "numbers became NaN",
+        "test for NaN on the input: exponent all ones AND mantissa non-zero",
+    )
     rest = np.flatnonzero(open_)
     if rest.size:
-        found.append(f"{rest.size} other mismatches, none of them a known smell "
-                     f"(first: {_example(u, got, want, rest)})")
+        found.append(
+            f"{rest.size} other mismatches, none of them a known smell (first: {_example(u, got, want, rest)})"
+        )
     return found
 
 
@@ -214,8 +271,7 @@ def _report(question: str, what: str, inputs: InputSet, got: np.ndarray, want: n
     total = got.size
     if not bad.size:
         groups = ", ".join(f"{k} {v}" for k, v in inputs.counts.items())
-        print(f"{question} passed: {what} matches the hardware cast bit for bit on {total}/{total} inputs "
-              f"({groups})")
+        print(f"{question} passed: {what} matches the hardware cast bit for bit on {total}/{total} inputs ({groups})")
         return
     lines = [f"{question}: {what} differs from the hardware cast on {bad.size} of {total} inputs"]
     lines += [f"  - {d}" for d in diagnose(inputs.bits, got, want)]
@@ -233,17 +289,24 @@ def check_round_bf16_bits(fn) -> None:
     keep = arg.clone()
     out = call_student(fn, arg, name=name, question=question)
     if not torch.equal(arg, keep):
-        raise AssertionError(f"{question}: {name} changed its argument in place (e.g. `bits += ...`); "
-                             f"compute into a new tensor and leave the input alone")
+        raise AssertionError(
+            f"{question}: {name} changed its argument in place (e.g. `bits += ...`); "
+            f"compute into a new tensor and leave the input alone"
+        )
     if not isinstance(out, torch.Tensor):
-        raise AssertionError(f"{question}: wrong type: {name} returned {type(out).__name__}, "
-                             f"want a torch.Tensor of integers")
+        raise AssertionError(
+            f"{question}: wrong type: {name} returned {type(out).__name__}, want a torch.Tensor of integers"
+        )
     if out.shape != arg.shape:
-        raise AssertionError(f"{question}: wrong shape: {name} returned shape {tuple(out.shape)}, "
-                             f"want {tuple(arg.shape)} (one bf16 pattern per input)")
+        raise AssertionError(
+            f"{question}: wrong shape: {name} returned shape {tuple(out.shape)}, "
+            f"want {tuple(arg.shape)} (one bf16 pattern per input)"
+        )
     if out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool:
-        raise AssertionError(f"{question}: wrong dtype: {name} returned {out.dtype}, want an integer "
-                             f"tensor (torch.int64 like its input) holding bit patterns")
+        raise AssertionError(
+            f"{question}: wrong dtype: {name} returned {out.dtype}, want an integer "
+            f"tensor (torch.int64 like its input) holding bit patterns"
+        )
     got = out.detach().cpu().to(torch.int64).numpy()
     if out.dtype in (torch.int16, torch.uint16):
         got = got & 0xFFFF  # a 16-bit result is the pattern itself, negative or not
@@ -262,8 +325,10 @@ def check_round_bf16(fn) -> None:
     if not isinstance(out, torch.Tensor):
         raise AssertionError(f"{question}: wrong type: returned {type(out).__name__}, want a torch.Tensor")
     if out.dtype != torch.bfloat16 or out.shape != x.shape:
-        raise AssertionError(f"{question}: wrong dtype/shape: returned {out.dtype} of shape {tuple(out.shape)}, "
-                             f"want torch.bfloat16 of shape {tuple(x.shape)}")
+        raise AssertionError(
+            f"{question}: wrong dtype/shape: returned {out.dtype} of shape {tuple(out.shape)}, "
+            f"want torch.bfloat16 of shape {tuple(x.shape)}"
+        )
     if not np.array_equal(bits(x), keep):
         raise AssertionError(f"{question}: the kernel wrote into its input x; store into y_ptr only")
     _report(question, "your kernel", inputs, bits(out).astype(np.int64), _want_bits(inputs))
@@ -277,8 +342,15 @@ def check_same_as_package(fn) -> None:
     def ours(x):
         return call_student(fn, x, name="your converter", question="final check")
 
-    cases = check_kernel(ours, bf16.fp32_to_bf16_rne, exact=True, shapes=STANDARD_SHAPES, seeds=(0,),
-                         device=device, name="your converter")
+    cases = check_kernel(
+        ours,
+        bf16.fp32_to_bf16_rne,
+        exact=True,
+        shapes=STANDARD_SHAPES,
+        seeds=(0,),
+        device=device,
+        name="your converter",
+    )
     upper = np.arange(1 << 16, dtype=np.uint32) << 16
     sweep = (upper[:, None] | np.array([0x0000, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=np.uint32)).ravel()
     x = torch.from_numpy(sweep.view(np.float32).copy()).to(device)
@@ -286,11 +358,20 @@ def check_same_as_package(fn) -> None:
     bad = np.flatnonzero(got != want)
     if bad.size:
         i = bad[0]
-        raise AssertionError(f"final check: your converter and kernels.bf16.fp32_to_bf16_rne differ on {bad.size} "
-                             f"of {sweep.size} patterns (first: {_h(sweep[i], 8)} -> {_h(got[i])}, "
-                             f"package {_h(want[i])})")
+        raise AssertionError(
+            f"final check: your converter and kernels.bf16.fp32_to_bf16_rne differ on {bad.size} "
+            f"of {sweep.size} patterns (first: {_h(sweep[i], 8)} -> {_h(got[i])}, "
+            f"package {_h(want[i])})"
+        )
     print(f"same bits as kernels.bf16.fp32_to_bf16_rne: {cases} standard cases and {sweep.size} patterns")
 
 
-__all__ = ["InputSet", "SPECIALS", "adversarial_fp32", "check_round_bf16", "check_round_bf16_bits",
-           "check_same_as_package", "diagnose"]
+__all__ = [
+    "InputSet",
+    "SPECIALS",
+    "adversarial_fp32",
+    "check_round_bf16",
+    "check_round_bf16_bits",
+    "check_same_as_package",
+    "diagnose",
+]
