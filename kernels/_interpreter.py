@@ -152,9 +152,9 @@ def _binary_op(self, lhs, rhs, op):
         return _ORIGINAL["binary_op"](self, lhs, rhs, op)
     # Compute in float32 and round once: for + - * / the float32 result rounded to bf16/fp16 equals
     # the correctly rounded one (24 >= 2p + 2), which is what the GPU returns.
-    a = _decode(lhs.data, fmt).astype(np.float32)
-    b = _decode(rhs.data, fmt).astype(np.float32)
     with np.errstate(all="ignore"):
+        a = _decode(lhs.data, fmt).astype(np.float32)
+        b = _decode(rhs.data, fmt).astype(np.float32)
         out = op(a, b)
     if out.dtype == np.bool_:  # comparisons
         return _interp.TensorHandle(out, tl.int1)

@@ -19,6 +19,46 @@ def _want_interpreter() -> bool:
     return not torch.cuda.is_available()
 
 
+def _reinterpret_early_kernels() -> int:
+    """Make ``@triton.jit`` functions decorated before ``TRITON_INTERPRET`` was set interpretable.
+
+    ``import triton`` (or a kernel defined) before ``import kernels`` leaves compiled-mode
+    ``JITFunction`` objects behind: triton's own library functions (``tl.zeros``, ``tl.sum``, ...)
+    and any user kernel; the interpreter cannot call them ("Cannot call @triton.jit'd outside of
+    the scope of a kernel").  Import order should not decide whether CPU mode works, so every such
+    function reachable from a loaded module, from ``tl.tensor``'s methods or from an autotuner
+    wrapper is rebuilt as the ``InterpretedFunction`` that ``triton.jit`` would have made.
+    """
+    if "triton.runtime.jit" not in sys.modules:
+        return 0
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction, KernelInterface
+
+    rebuilt = {}
+
+    def interpreted(fn):
+        if id(fn) not in rebuilt:
+            rebuilt[id(fn)] = InterpretedFunction(fn.fn)
+        return rebuilt[id(fn)]
+
+    def fix(owner, namespace):
+        for name, obj in list(namespace.items()):
+            if isinstance(obj, JITFunction):
+                setattr(owner, name, interpreted(obj))
+            elif isinstance(obj, KernelInterface) and isinstance(getattr(obj, "fn", None), JITFunction):
+                obj.fn = interpreted(obj.fn)  # @triton.autotune / @triton.heuristics wrappers
+
+    for module in list(sys.modules.values()):
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        fix(module, namespace)
+    fix(tl.tensor, dict(vars(tl.tensor)))
+    return len(rebuilt)
+
+
 def select() -> bool:
     """Set ``TRITON_INTERPRET`` for this process and correct the interpreter if it is used.
 
@@ -30,6 +70,7 @@ def select() -> bool:
     if not use:
         return False
     os.environ["TRITON_INTERPRET"] = "1"
+    _reinterpret_early_kernels()
     from kernels import _interpreter
 
     _interpreter.install()

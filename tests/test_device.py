@@ -71,3 +71,41 @@ def test_cpu_mode_is_automatic_and_announced_once():
 def test_bad_override_is_a_clear_error():
     run = _fresh_import({"KERNELS_INTERPRET": "yes"})
     assert run.returncode != 0 and "KERNELS_INTERPRET must be '0' or '1', got 'yes'" in run.stderr
+
+
+EARLY_KERNEL = """
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _twice(x):
+    return x * 2
+
+
+@triton.jit
+def kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)  # a triton library function, decorated before CPU mode
+    tl.store(y_ptr + offs, (_twice(x) + acc + tl.sum(x, axis=0)).to(tl.bfloat16))
+
+
+import kernels  # after triton and after the kernel: import order must not matter
+
+x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+y = torch.empty(4, dtype=torch.bfloat16)
+kernel[(1,)](x, y, BLOCK=4)
+print(y.float().tolist())
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks CPU mode on a machine without a GPU")
+def test_cpu_mode_works_when_triton_was_imported_first(tmp_path):
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_KERNEL)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KERNELS_INTERPRET")}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[12.0, 14.0, 16.0, 18.0]"
