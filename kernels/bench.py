@@ -14,6 +14,7 @@ function that takes no argument and returns a list of records made by :func:`mea
 import argparse
 import datetime
 import json
+import os
 import re
 import subprocess
 import sys
@@ -92,7 +93,10 @@ def copy_baseline(nbytes: int, device="cuda"):
 def _environment() -> dict:
     import triton
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = os.environ.get("KERNELS_COMMIT", "")  # for a copy of the tree without .git
+    if not commit:
+        git = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+        commit = git.stdout.strip() if git.returncode == 0 else ""
     major, minor = torch.cuda.get_device_capability()
     return {
         "device": torch.cuda.get_device_name(),

@@ -17,7 +17,6 @@ import sys
 import numpy as np
 import torch
 import triton
-import triton.language as tl
 
 from kernels import numerics_probe as probe
 
@@ -41,7 +40,7 @@ def main(path):
     np.savez_compressed(path, **out)
     print(
         f"wrote {len(out)} arrays to {path} ({torch.cuda.get_device_name()}, sm_{major}{minor}, "
-        f"torch {torch.__version__}, triton {triton.__version__}, tl {tl.__name__})"
+        f"torch {torch.__version__}, triton {triton.__version__})"
     )
 
 
