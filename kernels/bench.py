@@ -12,7 +12,6 @@ function that takes no argument and returns a list of records made by :func:`mea
 """
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -91,21 +90,14 @@ def copy_baseline(nbytes: int, device="cuda"):
 
 
 def _environment() -> dict:
-    import triton
 
     commit = os.environ.get("KERNELS_COMMIT", "")  # for a copy of the tree without .git
     if not commit:
         git = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], capture_output=True, text=True, cwd=ROOT)
         commit = git.stdout.strip() if git.returncode == 0 else ""
-    major, minor = torch.cuda.get_device_capability()
-    return {
-        "device": torch.cuda.get_device_name(),
-        "capability": f"{major}.{minor}",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "date": datetime.date.today().isoformat(),
-        "commit": commit or "unknown",
-    }
+    from kernels.device import gpu_environment
+
+    return {**gpu_environment(), "commit": commit or "unknown"}
 
 
 def merge(path: Path, records: list) -> list:

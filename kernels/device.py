@@ -5,6 +5,7 @@ Notebooks call :func:`report` first (numerics depend on device, torch and triton
 reason instead of an error.
 """
 
+import datetime
 import platform
 from dataclasses import dataclass
 
@@ -74,3 +75,17 @@ def gpu_only(what: str, need: str = "cuda") -> bool:
         print(f"skipped on {caps.device} ({caps.sm}): {what} needs MX/FP4 tensor cores (sm_100 or newer)")
         return False
     return True
+
+
+def gpu_environment() -> dict:
+    """What a recorded GPU result depends on: device name, capability, torch, triton, date."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("gpu_environment() needs a CUDA GPU")
+    major, minor = torch.cuda.get_device_capability()
+    return {
+        "device": torch.cuda.get_device_name(),
+        "capability": f"{major}.{minor}",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": datetime.date.today().isoformat(),
+    }

@@ -10,7 +10,6 @@ code cells only, so ``tests/test_provenance.py`` can tell when code changed afte
 """
 
 import argparse
-import datetime
 import hashlib
 import pathlib
 import sys
@@ -56,21 +55,16 @@ def stamp(nb, prov: dict) -> None:
 
 def environment() -> dict:
     import torch
-    import triton
 
     if not torch.cuda.is_available():
         raise SystemExit(
             "kernels.record: no CUDA GPU here. Book and solution outputs must come from a GPU run; "
             "run this on a machine with an NVIDIA GPU."
         )
-    major, minor = torch.cuda.get_device_capability()
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "capability": f"{major}.{minor}",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "date": datetime.date.today().isoformat(),
-    }
+    from kernels.device import gpu_environment
+
+    env = gpu_environment()
+    return {"gpu": env.pop("device"), **env}
 
 
 def notebooks(paths) -> list:

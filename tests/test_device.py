@@ -109,3 +109,22 @@ def test_cpu_mode_works_when_triton_was_imported_first(tmp_path):
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[12.0, 14.0, 16.0, 18.0]"
+
+
+def test_gpu_environment_names_what_results_depend_on(monkeypatch):
+    from kernels import bench, record
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        device.gpu_environment()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    env = device.gpu_environment()
+    assert (env["device"], env["capability"], env["torch"]) == ("NVIDIA H200", "9.0", torch.__version__)
+    assert set(env) == {"device", "capability", "torch", "triton", "date"}
+    assert record.environment()["gpu"] == "NVIDIA H200" and set(record.KEYS) - {"code_sha256"} <= set(
+        record.environment()
+    )
+    monkeypatch.setenv("KERNELS_COMMIT", "abc123")
+    assert bench._environment()["commit"] == "abc123"
