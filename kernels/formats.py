@@ -396,7 +396,8 @@ def _encode_kernel(
     v = tl.where(subnormal, sig, mag - ((127 - BIAS) << 23))
     shift = tl.where(subnormal, tl.minimum(24 - M - e, 25), 23 - M).to(tl.uint32)
     # Round to nearest, ties to even: add just under half of the dropped range, plus the lowest kept
-    # bit, so that an exact half carries only from an odd kept part.  v < 2^31, so nothing wraps.
+    # bit, so that an exact half carries only from an odd kept part.  v < 2^31 and the addend is at
+    # most 2^24, so the uint32 sum cannot wrap.
     lsb = (v >> shift) & 1
     code = (v + ((1 << (shift - 1)) - 1) + lsb) >> shift
     if SATURATE:
@@ -405,8 +406,11 @@ def _encode_kernel(
         code = tl.where(code > MAX_CODE, OVERFLOW_CODE, code)
     out = code | (sign << SIGN_SHIFT)
     # NaN is decided on the input: rounding its pattern could carry it into anything.
-    nan_code = NAN_CODE | (sign << SIGN_SHIFT) if NAN_KEEPS_SIGN else NAN_CODE
-    out = tl.where(mag > 0x7F800000, nan_code, out)
+    nan = mag > 0x7F800000
+    if NAN_KEEPS_SIGN:
+        out = tl.where(nan, NAN_CODE | (sign << SIGN_SHIFT), out)
+    else:
+        out = tl.where(nan, NAN_CODE, out)
     tl.store(y_ptr + offs, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
