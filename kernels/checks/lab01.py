@@ -409,7 +409,8 @@ def diagnose_encode(u: np.ndarray, got: np.ndarray, want: np.ndarray, fmt: str) 
     mag = u & ABS
     nan, inf = mag > INF32, mag == INF32
     finite = ~(nan | inf)
-    x = np.abs(u.astype(np.uint32).view(np.float32).astype(np.float64))
+    with np.errstate(invalid="ignore"):  # NaN inputs: their magnitude is not used
+        x = np.abs(u.astype(np.uint32).view(np.float32).astype(np.float64))
     max_value = formats.properties(fmt).max_finite
     min_normal = formats.properties(fmt).min_normal
     overflow = finite & ((want & 0x7F) == spec.max_code) & (x > max_value)
