@@ -5,8 +5,11 @@ diagnosis the checks can give for the encoder is demanded of one of them, and no
 diagnosis that belongs to another bug.
 """
 
+import importlib.util
 import math
+from pathlib import Path
 
+import nbformat
 import numpy as np
 import pytest
 import torch
@@ -18,6 +21,7 @@ from kernels import formats
 from kernels.checks import ExerciseNotDone, lab01, passes
 
 DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+ROOT = Path(__file__).resolve().parents[1]
 
 # -- q1: decoders, right and wrong ----------------------------------------------------------------
 
@@ -637,3 +641,43 @@ def test_passes_is_quiet(capsys):
     assert passes(lab01.check_encode, launcher("truncate")) is False
     assert passes(lab01.check_fnuz_vs_ocp, compares_codes) is False
     assert capsys.readouterr().out == ""
+
+
+# -- the lab's own starting point and solution -------------------------------------------------------
+
+
+def _notebook_kernel(path, tmp_path):
+    """``fp32_to_fp8_kernel`` exactly as a notebook defines it, imported from a file (Triton reads the
+    source of a kernel, so it cannot come from a string)."""
+    nb = nbformat.read(path, as_version=4)
+    source = next(c.source for c in nb.cells if c.cell_type == "code" and "def fp32_to_fp8_kernel" in c.source)
+    module_path = tmp_path / f"{path.parent.name}_kernel.py"
+    module_path.write_text("import triton\nimport triton.language as tl\n\n\n" + source + "\n")
+    spec = importlib.util.spec_from_file_location(module_path.stem, module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel = module.fp32_to_fp8_kernel
+
+    def fp32_to_fp8(x, fmt):
+        y = torch.empty(x.shape, dtype=formats.TORCH_DTYPES[fmt], device=x.device)
+        kernel[(triton.cdiv(x.numel(), 1024),)](x, y.view(torch.uint8), x.numel(), **FP8_PARAMS[fmt], BLOCK=1024)
+        return y
+
+    return fp32_to_fp8
+
+
+def test_the_labs_starting_kernel_gets_the_promised_diagnoses(tmp_path):
+    """The lab says its q2 kernel truncates, flushes, does not saturate and ignores NaN: the check must
+    say so too, and nothing else."""
+    with pytest.raises(AssertionError) as info:
+        lab01.check_encode(_notebook_kernel(ROOT / "labs" / "01_formats_encoder.ipynb", tmp_path))
+    message = str(info.value)
+    wants = ["truncates instead of rounding", "subnormals flushed to zero", "no saturation", "NaN mishandled"]
+    for want in wants:
+        assert want in message, f"expected {want!r} in:\n{message}"
+    spurious = [s for s in SMELLS if s in _findings(message) and s not in " ".join(wants) + " inf not saturated"]
+    assert not spurious, f"spurious diagnoses {spurious} in:\n{message}"
+
+
+def test_the_solution_kernel_passes(tmp_path):
+    lab01.check_encode(_notebook_kernel(ROOT / "solutions" / "01_formats_encoder.ipynb", tmp_path))
