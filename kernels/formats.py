@@ -289,20 +289,20 @@ def properties(fmt) -> Properties:
     codes = all_codes(f)
     v = decode(codes, f).to(torch.float64)
     finite = torch.isfinite(v)
-    positive = v[finite & (v > 0)]
+    positive = finite & (v > 0)
+    eps = v[finite & (v > 1)].min().item() - 1.0
     if isinstance(f, IntFormat):
         min_normal = min_sub = None
-        above_one = v[finite & (v > 1)].min().item()
+        digits = math.log10(v.max().item())
     else:
-        e_field = (codes >> f.mantissa_bits) & f.exponent_max_field
-        normal = finite & (v > 0) & ((e_field > 0) if f.has_subnormals else True)
-        min_normal = v[normal].min().item()
-        subnormal = positive[positive < min_normal]
-        min_sub = subnormal.min().item() if subnormal.numel() else None
-        above_one = v[finite & (v > 1)].min().item()
-    neg_zero = bool(((v == 0) & torch.signbit(v)).any())
+        if f.has_subnormals:
+            e_field = (codes >> f.mantissa_bits) & f.exponent_max_field
+            min_normal = v[positive & (e_field > 0)].min().item()
+            min_sub = v[positive & (e_field == 0)].min().item()
+        else:  # e8m0: every code is a normal number
+            min_normal, min_sub = v[positive].min().item(), None
+        digits = math.log10(2.0 / eps)  # p = mantissa_bits + 1 significant bits: log10(2^p)
     n_nan = int(torch.isnan(v).sum())
-    eps = above_one - 1.0
     return Properties(
         name=f.name,
         bits=f.bits,
@@ -310,10 +310,10 @@ def properties(fmt) -> Properties:
         min_normal=min_normal,
         min_subnormal=min_sub,
         epsilon=eps,
-        decimal_digits=math.log10(1.0 / eps) + math.log10(2.0) if not isinstance(f, IntFormat) else math.log10(v.max()),
+        decimal_digits=digits,
         has_inf=bool(torch.isinf(v).any()),
         has_nan=n_nan > 0,
-        has_negative_zero=neg_zero,
+        has_negative_zero=bool(((v == 0) & torch.signbit(v)).any()),
         finite_codes=int(finite.sum()),
         nan_codes=n_nan,
         storage=getattr(f, "storage", True),
