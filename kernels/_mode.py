@@ -2,6 +2,7 @@
 
 import os
 import sys
+import warnings
 
 _ANNOUNCED = False
 
@@ -49,13 +50,15 @@ def _reinterpret_early_kernels() -> int:
             elif isinstance(obj, KernelInterface) and isinstance(getattr(obj, "fn", None), JITFunction):
                 obj.fn = interpreted(obj.fn)  # @triton.autotune / @triton.heuristics wrappers
 
-    for module in list(sys.modules.values()):
-        try:
-            namespace = vars(module)
-        except TypeError:
-            continue
-        fix(module, namespace)
-    fix(tl.tensor, dict(vars(tl.tensor)))
+    with warnings.catch_warnings():  # looking at deprecated module attributes must not warn
+        warnings.simplefilter("ignore")
+        for module in list(sys.modules.values()):
+            try:
+                namespace = vars(module)
+            except TypeError:
+                continue
+            fix(module, namespace)
+        fix(tl.tensor, dict(vars(tl.tensor)))
     return len(rebuilt)
 
 
