@@ -61,9 +61,20 @@ def test_registry_rejects_duplicates():
         bench.benchmark("bf16_cast")(lambda: [])
 
 
+BASELINES = {
+    "bf16_cast": {"torch .to(torch.bfloat16)", "device copy"},
+    "fp8_encode": {"triton x.to(tl.float8e4nv)", "device copy"},
+}
+
+
+def test_every_benchmark_has_its_baselines_listed_here():
+    assert set(BASELINES) == set(bench.REGISTRY)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels on a GPU")
-def test_bf16_cast_benchmark_runs_on_a_gpu(tmp_path):
-    assert bench.main(["bf16_cast", "--out", str(tmp_path / "r.json")]) == 0
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_benchmark_runs_on_a_gpu(tmp_path, name):
+    assert bench.main([name, "--out", str(tmp_path / "r.json")]) == 0
     recs = json.loads((tmp_path / "r.json").read_text())
-    assert {r["baseline_name"] for r in recs} == {"torch .to(torch.bfloat16)", "device copy"}
+    assert {r["baseline_name"] for r in recs} == BASELINES[name]
     assert all(r["ours"] > 0 and r["device"] == torch.cuda.get_device_name() for r in recs)
