@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 import kernels
+from kernels import formats
 
 # One program handles BLOCK elements.  The work per element is a handful of integer ops, so the
 # kernel is bound by memory traffic; 1024 elements (4 KiB in, 2 KiB out) per program keep enough
@@ -56,15 +57,6 @@ def _fp32_to_bf16_rne_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, y, mask=mask)
 
 
-@triton.jit
-def _hardware_bf16_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, x.to(tl.bfloat16), mask=mask)
-
-
 def _check_fp32(x, name: str) -> torch.Tensor:
     """Validate a kernel argument; returns it contiguous (a copy only if it was strided)."""
     if not isinstance(x, torch.Tensor):
@@ -96,7 +88,7 @@ def fp32_to_bf16_rne(x: torch.Tensor) -> torch.Tensor:
 
 def hardware_bf16(x: torch.Tensor) -> torch.Tensor:
     """The hardware cast: ``x.to(tl.bfloat16)`` in a Triton kernel, the answer the others must match."""
-    return _launch(_hardware_bf16_kernel, _check_fp32(x, "x"))
+    return formats.hardware_encode(_check_fp32(x, "x"), "bf16")
 
 
 def round_bf16_bits_reference(bits: torch.Tensor) -> torch.Tensor:

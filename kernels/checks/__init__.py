@@ -14,6 +14,10 @@ so that a notebook can fall back to the package's kernel.
 
 import contextlib
 import io
+from dataclasses import dataclass
+
+import numpy as np
+import torch
 
 
 class ExerciseNotDone(AssertionError):
@@ -44,6 +48,18 @@ def call_student(fn, *args, name: str, question: str):
     return out
 
 
+@dataclass(frozen=True)
+class InputSet:
+    """A check's fixed inputs: fp32 bit patterns, each labelled with the group it belongs to."""
+
+    bits: np.ndarray  # uint32 fp32 patterns
+    group: np.ndarray  # label of each element's group (for listings)
+    counts: dict  # group -> number of elements, in order
+
+    def fp32(self, device="cpu") -> torch.Tensor:
+        return torch.from_numpy(self.bits.view(np.float32).copy()).to(device)
+
+
 def passes(check, fn) -> bool:
     """True if ``check(fn)`` passes; prints nothing either way.
 
@@ -57,4 +73,4 @@ def passes(check, fn) -> bool:
     return True
 
 
-__all__ = ["ExerciseNotDone", "call_student", "passes"]
+__all__ = ["ExerciseNotDone", "InputSet", "call_student", "passes"]

@@ -14,14 +14,12 @@ mismatch the check does not stop at "N differ": it tries the wrong recipes stude
 with one input, what came back and what was wanted.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 import kernels
 from kernels import bf16
-from kernels.checks import call_student
+from kernels.checks import InputSet, call_student
 from kernels.testing import STANDARD_SHAPES, bits, check_kernel
 
 ABS = 0x7FFFFFFF
@@ -64,16 +62,6 @@ SPECIALS = {
     0x7FBFFFFF: "NaN, carry into the quiet bit",
     0x7FFF8000: "NaN, tie carrying into the sign",
 }
-
-
-@dataclass(frozen=True)
-class InputSet:
-    bits: np.ndarray  # uint32 fp32 patterns
-    group: np.ndarray  # label of each element's group (for listings)
-    counts: dict  # group -> number of elements, in order
-
-    def fp32(self, device="cpu") -> torch.Tensor:
-        return torch.from_numpy(self.bits.view(np.float32).copy()).to(device)
 
 
 def adversarial_fp32() -> InputSet:

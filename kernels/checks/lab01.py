@@ -21,14 +21,13 @@ was wanted.
 """
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 import kernels
 from kernels import formats
-from kernels.checks import call_student
+from kernels.checks import InputSet, call_student
 from kernels.testing import STANDARD_SHAPES, bits, check_kernel
 
 ABS = 0x7FFFFFFF
@@ -283,16 +282,6 @@ SPECIALS = (
     (math.nan, "NaN"),
 )
 SPECIAL_NAN_BITS = (0xFFC00000, 0x7F800001, 0x7FFFFFFF, 0xFF800001)
-
-
-@dataclass(frozen=True)
-class InputSet:
-    bits: np.ndarray  # uint32 fp32 patterns
-    group: np.ndarray  # label of each element's group (for listings)
-    counts: dict  # group -> number of elements, in order
-
-    def fp32(self, device="cpu") -> torch.Tensor:
-        return torch.from_numpy(self.bits.view(np.float32).copy()).to(device)
 
 
 def _grid(fmt: str) -> np.ndarray:
