@@ -60,6 +60,19 @@ class InputSet:
         return torch.from_numpy(self.bits.view(np.float32).copy()).to(device)
 
 
+def constant_output(got: np.ndarray, want: np.ndarray, show=hex) -> str:
+    """The "nothing was computed" smell: one output for every input where the answers differ.
+
+    Returns the diagnosis, or "" when the outputs vary; checked before any finer smell, which a
+    constant output would otherwise trigger many times over."""
+    if np.unique(got).size == 1 and np.unique(want).size > 1:
+        return (
+            f"every output is {show(got[0])}, whatever the input: the result does not depend on it "
+            f"(in a kernel: is there a tl.store of the result, with the right mask?)"
+        )
+    return ""
+
+
 def passes(check, fn) -> bool:
     """True if ``check(fn)`` passes; prints nothing either way.
 
@@ -73,4 +86,4 @@ def passes(check, fn) -> bool:
     return True
 
 
-__all__ = ["ExerciseNotDone", "InputSet", "call_student", "passes"]
+__all__ = ["ExerciseNotDone", "InputSet", "call_student", "constant_output", "passes"]
