@@ -1,0 +1,79 @@
+"""The benchmark registry and the timing that every benchmark shares.
+
+One module per topic lives in this package (``formats.py``, ``scaling.py``, ...); each registers its
+benchmarks with :func:`benchmark`: a function that takes no argument and returns a list of records made
+by :func:`measure`.  ``python -m kernels.bench`` imports every module here (:func:`load_all`), so a new
+file is all a new benchmark needs.
+"""
+
+import importlib
+import pkgutil
+
+import torch
+
+REGISTRY = {}
+
+# Interleaving rounds: each round times every contender once; the median over rounds is reported.
+ROUNDS = 3
+
+
+def benchmark(name: str):
+    """Register ``fn`` as the benchmark ``name`` (``python -m kernels.bench name``)."""
+
+    def register(fn):
+        if name in REGISTRY:
+            raise ValueError(f"benchmark {name!r} is registered twice")
+        REGISTRY[name] = fn
+        return fn
+
+    return register
+
+
+def load_all() -> dict:
+    """Import every benchmark module of this package; returns the registry."""
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        importlib.import_module(f"{__name__}.{info.name}")
+    return REGISTRY
+
+
+def median_ms(fn, warmup_ms: int = 100, rep_ms: int = 500) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def measure(bench: str, shape: str, metric: str, work: float, ours, baselines: dict) -> list:
+    """Time ``ours`` against each baseline, interleaved over ``ROUNDS`` rounds.
+
+    ``work`` is bytes (metric "GB/s") or FLOPs (metric "TFLOP/s") per call, the same for every
+    contender.  Returns one record per baseline, in the format of ../BENCHMARKS.md.
+    """
+    if metric not in ("GB/s", "TFLOP/s"):
+        raise ValueError(f"metric must be 'GB/s' or 'TFLOP/s', got {metric!r}")
+    scale = 1e9 if metric == "GB/s" else 1e12
+    contenders = {"ours": ours, **baselines}
+    times = {k: [] for k in contenders}
+    for _ in range(ROUNDS):
+        for k, fn in contenders.items():
+            times[k].append(median_ms(fn))
+    rate = {k: work / (sorted(v)[len(v) // 2] * 1e-3) / scale for k, v in times.items()}
+    return [
+        {
+            "bench": bench,
+            "shape": shape,
+            "metric": metric,
+            "ours": round(rate["ours"], 2),
+            "baseline_name": name,
+            "baseline": round(rate[name], 2),
+            "ratio": round(rate["ours"] / rate[name], 3),
+        }
+        for name in baselines
+    ]
+
+
+def copy_baseline(nbytes: int, device="cuda"):
+    """A device-to-device copy that moves ``nbytes`` in all (half read, half written): the
+    bandwidth ceiling for a kernel that moves the same bytes."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_(0, 256)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
