@@ -1,0 +1,771 @@
+"""Scaled FP8 quantization kernels: per tensor, per row, 1x128 groups, 128x128 blocks and MXFP8.
+
+The single implementation every later chapter imports (the FP8 GEMM reads what these write).
+
+Convention, everywhere in this module
+-------------------------------------
+``S`` is the *reconstruction* scale: ``x ~= S * q`` and ``q = sat(RNE(x * (1 / S)))``.  Every function
+here returns ``S`` (never its reciprocal, which many APIs call "scale" or "scale_inv").  The division
+is done once per group, correctly rounded (``alpha = 1 / S`` in fp32, ``tl.math.div_rn`` in the kernels,
+IEEE ``/`` in the references); each element is then *multiplied* by ``alpha``.  ``x / S`` per element
+would give different bits in a few places, and Triton's plain ``/`` on fp32 is not correctly rounded.
+
+* fp32 scales (per tensor, per row, 1x128, 128x128): ``S = max(amax / FP8_MAX, 2^-126)`` with
+  ``FP8_MAX`` 448 (e4m3) or 57344 (e5m2).  The floor at the smallest normal fp32 keeps ``1 / S``
+  finite for groups of subnormal inputs.
+* MXFP8 (blocks of 32 along the row): ``S = 2^e`` stored as its E8M0 byte ``e + 127`` (uint8).
+  ``rounding="floor"`` is the OCP MX v1.0 rule ``e = floor(log2(amax)) - emax_elem`` (emax_elem = 8
+  for e4m3, 15 for e5m2); values in the top of the block's binade then saturate to 448.
+  ``rounding="up"`` is the conservative rule ``e = ceil(log2(amax / FP8_MAX))``, which never clips.
+  Both are computed exactly from amax's bits; ``e`` is clamped to [-127, 127].
+
+Policies
+--------
+* All-zero group (amax = 0): ``S = 1`` (E8M0 byte 127); nothing divides by zero.
+* NaN and +-inf do not take part in amax: the scale is set by the finite values of the group.  A
+  non-finite input encodes to the NaN code 0x7F in both e4m3fn and e5m2 (e4m3fn has no inf; one rule
+  for both formats), and dequantizes to NaN.  A finite input never becomes non-finite: it saturates
+  to +-FP8_MAX (clamped explicitly before the cast; the cast's own overflow rule is never relied on).
+* Shapes that are not multiples of a group are masked: the last group of a row (or the last block row)
+  is partial and its scale comes from the elements present; scale tensors have ``cdiv`` extents.
+
+Layouts (inputs are made contiguous; leading dimensions of row-group kinds are flattened)
+* per tensor: ``S`` of shape ``()`` (a 0-d fp32 device tensor: no host sync between the passes).
+* per row: ``S`` of shape ``(M, 1)``.  1x128: ``(M, cdiv(K, 128))``.  128x128: ``(cdiv(M, 128),
+  cdiv(K, 128))``.  MXFP8: uint8 E8M0 bytes ``(M, cdiv(K, 32))``, row-major, which is what
+  ``tl.dot_scaled`` reads; :func:`swizzle_mx_scales` gives the 128x4-tiled layout of cuBLAS/tcgen05.
+
+Each kernel has a plain-PyTorch ``*_reference`` beside it, bit for bit identical (codes and scales).
+"""
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+import kernels
+
+# -- formats and constants ------------------------------------------------------------------------
+
+FP8_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+# The largest exponent of a normal element (OCP MX's emax_elem): 448 = 1.75 * 2^8, 57344 = 1.75 * 2^15.
+EMAX_ELEM = {"e4m3": 8, "e5m2": 15}
+MIN_SCALE = 2.0**-126  # the smallest normal fp32: 1 / S stays finite
+NAN_CODE = 0x7F  # the code every non-finite input becomes (NaN in e4m3fn and in e5m2)
+E8M0_BIAS = 127
+GRANULARITIES = ("tensor", "row", "1x128", "128x128", "mxfp8")
+GROUP_1X128 = 128
+BLOCK_128X128 = 128
+MX_BLOCK = 32
+INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# Launch sizes: every program moves ~16 KB of bf16 input with contiguous, 16-byte-vectorizable rows.
+TENSOR_BLOCK, TENSOR_WARPS = 8192, 8  # per-tensor passes: elements per program
+FINALIZE_BLOCK = 1024  # the amax of the per-program partial maxima, in one program
+ROW_MAX_ONE_PASS = 16384  # rows up to this many elements stay in registers: one read
+ROW_BLOCK_ELEMS, ROW_WARPS = 8192, 8  # rows per program = ROW_BLOCK_ELEMS // next_pow2(K)
+G128_ROWS, G128_GROUPS, G128_WARPS = 16, 4, 8  # 1x128: 16 rows x 512 columns per program
+B128_WARPS = 8  # 128x128: one block (16384 elements) per program
+MX_ROWS, MX_GROUPS, MX_WARPS = 32, 8, 8  # MXFP8: 32 rows x 256 columns per program
+DEQUANT_BM, DEQUANT_BK, DEQUANT_WARPS = 32, 256, 8
+
+
+class Quantized(NamedTuple):
+    """Codes and their reconstruction scales S (``x ~= S * q``); ``s`` is E8M0 bytes for MXFP8."""
+
+    q: torch.Tensor
+    s: torch.Tensor
+
+
+# -- argument checks ------------------------------------------------------------------------------
+
+
+def _check_fmt(fmt) -> str:
+    if fmt == "e4m3fn":
+        fmt = "e4m3"
+    if fmt not in FP8_FORMATS:
+        raise ValueError(f"fmt must be one of {list(FP8_FORMATS)}, got {fmt!r}")
+    return fmt
+
+
+def _check_input(x, name: str = "x", min_dim: int = 0) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{name} must have dtype bfloat16, float16 or float32, got {x.dtype}")
+    if x.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dimensions, got shape {tuple(x.shape)}")
+    if not kernels.INTERPRETER and x.device.type != "cuda":
+        raise ValueError(f"{name} is on {x.device}, but Triton compiles for the GPU here: pass {name}.cuda()")
+    return x.contiguous()
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., K) -> (M, K), M the product of the leading dimensions."""
+    return x.reshape(-1, x.shape[-1])
+
+
+# -- shared pieces of every kernel: the scale rule and the saturating encode ----------------------
+
+
+@triton.jit
+def _fp32_scale(amax, FP8_MAX: tl.constexpr):
+    """amax (>= 0, finite) -> (S, 1/S): S = max(amax / FP8_MAX, 2^-126), or 1 for an all-zero group."""
+    s = tl.math.div_rn(amax, FP8_MAX)  # correctly rounded, like torch's fp32 division
+    s = tl.maximum(s, 1.1754943508222875e-38)  # 2^-126
+    s = tl.where(amax == 0.0, 1.0, s)
+    return s, tl.math.div_rn(1.0, s)
+
+
+@triton.jit
+def _e8m0_scale(amax, EMAX: tl.constexpr, ROUND_UP: tl.constexpr):
+    """amax (>= 0, finite) -> (E8M0 byte of S = 2^e, 1/S = 2^-e), exactly, from amax's fp32 bits."""
+    bits = amax.to(tl.int32, bitcast=True)
+    e = (bits >> 23) - 127 - EMAX  # floor(log2(amax)) - emax_elem; a subnormal amax clamps below
+    if ROUND_UP:
+        # amax <= 1.75 * 2^(E + 8) iff the significand is at most 1.75 (0x600000 in the mantissa field)
+        e += ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    e = tl.minimum(tl.maximum(e, -127), 127)
+    e = tl.where(amax == 0.0, 0, e)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e: 127 - e is in [7, 254] here
+    return (e + 127).to(tl.uint8), inv
+
+
+@triton.jit
+def _encode(x, inv, FP8_MAX: tl.constexpr, E5M2: tl.constexpr):
+    """fp32 x times 1/S -> fp8 codes as uint8: clamp to +-FP8_MAX, RNE cast, non-finite -> 0x7F."""
+    q = x * inv
+    q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+    if E5M2:
+        c = q.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    else:
+        c = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return tl.where(tl.abs(x) < float("inf"), c, 0x7F).to(tl.uint8)
+
+
+@triton.jit
+def _finite_abs(x):
+    """|x| with NaN and inf counted as 0: they must not set (or poison) a group's scale."""
+    a = tl.abs(x)
+    return tl.where(a < float("inf"), a, 0.0)
+
+
+# -- plain-torch references of the same pieces -----------------------------------------------------
+
+
+def _finite_abs_ref(xf: torch.Tensor) -> torch.Tensor:
+    a = xf.abs()
+    return torch.where(a < torch.inf, a, torch.zeros_like(a))
+
+
+def scale_from_amax(amax: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
+    """The fp32 reconstruction scale S for an amax (any shape, on any device, no host sync):
+    ``S = max(amax / FP8_MAX, 2^-126)``, and ``S = 1`` where amax is 0."""
+    fmt = _check_fmt(fmt)
+    amax = amax.float()
+    s = torch.clamp(amax / FP8_MAX[fmt], min=MIN_SCALE)
+    return torch.where(amax == 0, torch.ones_like(s), s)
+
+
+def e8m0_from_amax(amax: torch.Tensor, fmt: str = "e4m3", rounding: str = "floor") -> torch.Tensor:
+    """The E8M0 byte (uint8) of the MX scale S = 2^e for an amax: ``e = floor(log2(amax)) - emax_elem``
+    (OCP, ``rounding="floor"``) or ``ceil(log2(amax / FP8_MAX))`` (``"up"``); 127 (S = 1) for amax 0."""
+    fmt = _check_fmt(fmt)
+    if rounding not in ("floor", "up"):
+        raise ValueError(f"rounding must be 'floor' (OCP) or 'up' (conservative), got {rounding!r}")
+    bits = amax.float().contiguous().view(torch.int32)
+    e = (bits >> 23) - 127 - EMAX_ELEM[fmt]
+    if rounding == "up":
+        e = e + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
+    e = e.clamp(-127, 127)
+    e = torch.where(amax == 0, torch.zeros_like(e), e)
+    return (e + 127).to(torch.uint8)
+
+
+def e8m0_to_float(code: torch.Tensor) -> torch.Tensor:
+    """E8M0 bytes -> fp32 values 2^(c - 127), exactly (c = 0 is the subnormal 2^-127; 255 is NaN)."""
+    c = code.to(torch.int32)
+    bits = torch.where(c == 0, torch.full_like(c, 0x00400000), c << 23)
+    bits = torch.where(c == 255, torch.full_like(c, 0x7FC00000), bits)
+    return bits.view(torch.float32)
+
+
+def _e8m0_inv_ref(code: torch.Tensor) -> torch.Tensor:
+    """1 / S for E8M0 bytes in [0, 254]: 2^(127 - c) as fp32 bits."""
+    return ((254 - code.to(torch.int32)) << 23).view(torch.float32)
+
+
+def _encode_ref(xf: torch.Tensor, inv: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The reference of :func:`_encode`: fp32 x, broadcastable 1/S -> fp8 codes (NaN code 0x7F)."""
+    m = FP8_MAX[fmt]
+    q = (xf * inv).clamp(-m, m).to(FP8_FORMATS[fmt])
+    codes = q.view(torch.uint8).clone()
+    codes[~torch.isfinite(xf)] = NAN_CODE
+    return codes.view(FP8_FORMATS[fmt])
+
+
+def _pad_to(a: torch.Tensor, gm: int, gk: int) -> torch.Tensor:
+    m, k = a.shape
+    return torch.nn.functional.pad(a, (0, (-k) % gk, 0, (-m) % gm))
+
+
+def _group_amax_ref(xf: torch.Tensor, gm: int, gk: int) -> torch.Tensor:
+    """(M, K) -> (cdiv(M, gm), cdiv(K, gk)) amax of finite |x|, padding with zeros."""
+    a = _pad_to(_finite_abs_ref(xf), gm, gk)
+    mp, kp = a.shape
+    return a.reshape(mp // gm, gm, kp // gk, gk).amax(dim=(1, 3))
+
+
+def _expand(s: torch.Tensor, gm: int, gk: int, m: int, k: int) -> torch.Tensor:
+    """Per-group values -> per-element, cropped to (m, k)."""
+    return s.repeat_interleave(gm, 0).repeat_interleave(gk, 1)[:m, :k]
+
+
+def _groups_reference(x: torch.Tensor, gm: int, gk: int, fmt: str) -> Quantized:
+    xf = x.float()
+    m, k = xf.shape
+    s = scale_from_amax(_group_amax_ref(xf, gm, gk), fmt)
+    inv = 1.0 / s
+    return Quantized(_encode_ref(xf, _expand(inv, gm, gk, m, k), fmt), s)
+
+
+# -- per tensor: amax pass, finalize, scale-and-cast pass ------------------------------------------
+
+
+@triton.jit
+def _amax_partial_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(partial_ptr + pid, tl.max(_finite_abs(x), axis=0))
+
+
+@triton.jit
+def _amax_finalize_kernel(partial_ptr, n_partial, amax_ptr, s_ptr, inv_ptr, FP8_MAX: tl.constexpr, BLOCK: tl.constexpr):
+    # One program folds the per-program maxima (a few thousand floats) and writes S and 1/S to the
+    # device: the cast pass reads them from there, so the host never waits.
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n_partial, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc = tl.maximum(acc, tl.load(partial_ptr + offs, mask=offs < n_partial, other=0.0))
+    amax = tl.max(acc, axis=0)
+    s, inv = _fp32_scale(amax, FP8_MAX)
+    tl.store(amax_ptr, amax)
+    tl.store(s_ptr, s)
+    tl.store(inv_ptr, inv)
+
+
+@triton.jit
+def _scale_cast_kernel(x_ptr, inv_ptr, q_ptr, n, FP8_MAX: tl.constexpr, E5M2: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    inv = tl.load(inv_ptr)
+    tl.store(q_ptr + offs, _encode(x, inv, FP8_MAX, E5M2), mask=mask)
+
+
+def _tensor_amax_and_scale(x: torch.Tensor, fmt: str):
+    n = x.numel()
+    grid = max(triton.cdiv(n, TENSOR_BLOCK), 1)
+    partial = torch.empty(grid, dtype=torch.float32, device=x.device)
+    out = torch.empty(3, dtype=torch.float32, device=x.device)  # amax, S, 1/S
+    if n:
+        _amax_partial_kernel[(grid,)](x, partial, n, BLOCK=TENSOR_BLOCK, num_warps=TENSOR_WARPS)
+    else:
+        partial.zero_()
+    _amax_finalize_kernel[(1,)](partial, grid, out[0:], out[1:], out[2:], FP8_MAX=FP8_MAX[fmt], BLOCK=FINALIZE_BLOCK)
+    return out[0], out[1], out[2:3]
+
+
+def tensor_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| over the finite elements of ``x`` (0 if none), as a 0-d fp32 device tensor."""
+    x = _check_input(x)
+    return _tensor_amax_and_scale(x, "e4m3")[0].clone()
+
+
+def _cast(x: torch.Tensor, inv: torch.Tensor, fmt: str) -> torch.Tensor:
+    q = torch.empty(x.shape, dtype=FP8_FORMATS[fmt], device=x.device)
+    n = x.numel()
+    if n:
+        _scale_cast_kernel[(triton.cdiv(n, TENSOR_BLOCK),)](
+            x, inv, q.view(torch.uint8), n, FP8_MAX=FP8_MAX[fmt], E5M2=fmt == "e5m2", BLOCK=TENSOR_BLOCK,
+            num_warps=TENSOR_WARPS,
+        )  # fmt: skip
+    return q
+
+
+def quantize_tensor(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
+    """Per-tensor current scaling: one S for the whole tensor, from this tensor's amax.
+
+    Two passes over ``x``: an amax reduction (per-program maxima, folded by one small program that
+    also computes S and 1/S on the device), then the scale-and-cast pass, which reads 1/S from device
+    memory.  Returns ``(q, S)``: codes of ``x``'s shape and a 0-d fp32 tensor S."""
+    fmt = _check_fmt(fmt)
+    x = _check_input(x)
+    _, s, inv = _tensor_amax_and_scale(x, fmt)
+    return Quantized(_cast(x, inv, fmt), s.clone())
+
+
+def quantize_tensor_with_scale(x: torch.Tensor, s: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
+    """The cast pass alone, with a given reconstruction scale S (one element, on ``x``'s device): what
+    delayed scaling runs.  1/S is computed on the device as ``1 / S`` (fp32, correctly rounded)."""
+    fmt = _check_fmt(fmt)
+    x = _check_input(x)
+    if not isinstance(s, torch.Tensor) or s.numel() != 1:
+        raise ValueError(f"s must be a one-element tensor (the reconstruction scale S), got {s!r}")
+    if s.device != x.device:
+        raise ValueError(f"s is on {s.device} but x is on {x.device}: keep the scale on x's device")
+    inv = (1.0 / s.float()).reshape(1)
+    return _cast(x, inv, fmt)
+
+
+def quantize_tensor_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
+    """Plain-torch :func:`quantize_tensor`."""
+    fmt = _check_fmt(fmt)
+    x = _check_input(x)
+    xf = x.float()
+    amax = _finite_abs_ref(xf).amax() if xf.numel() else torch.zeros((), device=x.device)
+    s = scale_from_amax(amax, fmt)
+    return Quantized(_encode_ref(xf, 1.0 / s, fmt), s)
+
+
+def quantize_tensor_with_scale_reference(x: torch.Tensor, s: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
+    fmt = _check_fmt(fmt)
+    return _encode_ref(_check_input(x).float(), (1.0 / s.float()).reshape(()), fmt)
+
+
+# -- groups along the row: per row, 1x128, MXFP8 ---------------------------------------------------
+
+
+@triton.jit
+def _row_groups_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    M,
+    K,
+    n_groups,
+    G: tl.constexpr,  # elements per group (a power of two: 32, 128, or next_pow2(K) for per-row)
+    BM: tl.constexpr,  # rows per program
+    NG: tl.constexpr,  # groups per program along the row
+    FP8_MAX: tl.constexpr,
+    E5M2: tl.constexpr,
+    MX: tl.constexpr,  # E8M0 power-of-two scales instead of fp32 ones
+    EMAX: tl.constexpr,
+    ROUND_UP: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)  # (BM,)
+    groups = pid_g * NG + tl.arange(0, NG)  # (NG,)
+    # A 3-D tile (BM, NG, G): each group's G elements are contiguous (16-byte vector loads), and the
+    # group reduction is a reduction over the last axis, with no reshape.
+    cols = groups[None, :, None] * G + tl.arange(0, G)[None, None, :]  # (1, NG, G)
+    offs = rows.to(tl.int64)[:, None, None] * K + cols  # (BM, NG, G)
+    mask = (rows[:, None, None] < M) & (cols < K)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(_finite_abs(x), axis=2)  # (BM, NG)
+    if MX:
+        s, inv = _e8m0_scale(amax, EMAX, ROUND_UP)
+    else:
+        s, inv = _fp32_scale(amax, FP8_MAX)
+    tl.store(q_ptr + offs, _encode(x, inv[:, :, None], FP8_MAX, E5M2), mask=mask)
+    s_offs = rows.to(tl.int64)[:, None] * n_groups + groups[None, :]  # (BM, NG)
+    tl.store(s_ptr + s_offs, s, mask=(rows[:, None] < M) & (groups[None, :] < n_groups))
+
+
+@triton.jit
+def _row_two_pass_kernel(
+    x_ptr, q_ptr, s_ptr, K, FP8_MAX: tl.constexpr, E5M2: tl.constexpr, BLOCK: tl.constexpr
+):  # fmt: skip
+    # Rows too long for registers: an amax loop, then a cast loop (the row is then in L2).
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, K, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+        acc = tl.maximum(acc, _finite_abs(x))
+    s, inv = _fp32_scale(tl.max(acc, axis=0), FP8_MAX)
+    for start in range(0, K, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+        tl.store(q_ptr + row * K + cols, _encode(x, inv, FP8_MAX, E5M2), mask=cols < K)
+    tl.store(s_ptr + row, s)
+
+
+def _launch_row_groups(x2, q, s, group, bm, ng, warps, fmt, mx=False, round_up=False):
+    m, k = x2.shape
+    n_groups = triton.cdiv(k, group)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n_groups, ng))
+    _row_groups_kernel[grid](
+        x2, q.view(torch.uint8), s, m, k, n_groups, G=group, BM=bm, NG=ng, FP8_MAX=FP8_MAX[fmt],
+        E5M2=fmt == "e5m2", MX=mx, EMAX=EMAX_ELEM[fmt], ROUND_UP=round_up, num_warps=warps,
+    )  # fmt: skip
+
+
+def quantize_rowwise(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
+    """One fp32 S per row (per token of an activation, per output channel of a ``(N, K)`` weight).
+
+    Rows of up to ``ROW_MAX_ONE_PASS`` elements are read once (amax and cast from registers).  ``x`` of
+    shape ``(..., K)``; returns codes of that shape and S of shape ``(..., 1)``."""
+    fmt = _check_fmt(fmt)
+    x = _check_input(x, min_dim=1)
+    x2 = _rows(x)
+    m, k = x2.shape
+    q = torch.empty(x.shape, dtype=FP8_FORMATS[fmt], device=x.device)
+    s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return Quantized(q, s)
+    if k <= ROW_MAX_ONE_PASS:
+        width = triton.next_power_of_2(max(k, 1))
+        bm = max(1, ROW_BLOCK_ELEMS // width)
+        _launch_row_groups(x2, q, s, width, bm, 1, ROW_WARPS, fmt)
+    else:
+        _row_two_pass_kernel[(m,)](
+            x2, q.view(torch.uint8), s, k, FP8_MAX=FP8_MAX[fmt], E5M2=fmt == "e5m2", BLOCK=ROW_BLOCK_ELEMS,
+            num_warps=ROW_WARPS,
+        )  # fmt: skip
+    return Quantized(q, s)
+
+
+def quantize_rowwise_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
+    fmt = _check_fmt(fmt)
+    x = _check_input(x, min_dim=1)
+    x2 = _rows(x)
+    q, s = _groups_reference(x2, 1, max(x2.shape[1], 1), fmt)
+    return Quantized(q.reshape(x.shape), s.reshape(*x.shape[:-1], 1))
+
+
+def quantize_1x128(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
+    """One fp32 S per 128 consecutive elements of a row (DeepSeek-V3's activation groups).
+
+    ``x`` of shape ``(..., K)``; S of shape ``(..., cdiv(K, 128))``; a last partial group is masked."""
+    fmt = _check_fmt(fmt)
+    x = _check_input(x, min_dim=1)
+    x2 = _rows(x)
+    m, k = x2.shape
+    q = torch.empty(x.shape, dtype=FP8_FORMATS[fmt], device=x.device)
+    s = torch.empty((*x.shape[:-1], triton.cdiv(k, GROUP_1X128)), dtype=torch.float32, device=x.device)
+    if q.numel():
+        _launch_row_groups(x2, q, s, GROUP_1X128, G128_ROWS, G128_GROUPS, G128_WARPS, fmt)
+    return Quantized(q, s)
+
+
+def quantize_1x128_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
+    fmt = _check_fmt(fmt)
+    x = _check_input(x, min_dim=1)
+    x2 = _rows(x)
+    q, s = _groups_reference(x2, 1, GROUP_1X128, fmt)
+    return Quantized(q.reshape(x.shape), s.reshape(*x.shape[:-1], s.shape[-1]))
+
+
+def _check_rounding(rounding):
+    if rounding not in ("floor", "up"):
+        raise ValueError(f"rounding must be 'floor' (OCP MX v1.0) or 'up' (conservative), got {rounding!r}")
+    return rounding == "up"
+
+
+def quantize_mxfp8(x: torch.Tensor, fmt: str = "e4m3", rounding: str = "floor") -> Quantized:
+    """MXFP8: blocks of 32 consecutive elements of a row share S = 2^e, stored as E8M0 bytes (uint8).
+
+    ``rounding="floor"``: OCP's ``e = floor(log2(amax)) - emax_elem`` (elements above FP8_MAX * S
+    saturate); ``"up"``: ``e = ceil(log2(amax / FP8_MAX))`` (nothing saturates).  ``x`` of shape
+    ``(..., K)``; scales of shape ``(..., cdiv(K, 32))``, row-major (the layout ``tl.dot_scaled``
+    reads).  Returns ``(q, scale_e8m0)``."""
+    fmt = _check_fmt(fmt)
+    round_up = _check_rounding(rounding)
+    x = _check_input(x, min_dim=1)
+    x2 = _rows(x)
+    m, k = x2.shape
+    q = torch.empty(x.shape, dtype=FP8_FORMATS[fmt], device=x.device)
+    s = torch.empty((*x.shape[:-1], triton.cdiv(k, MX_BLOCK)), dtype=torch.uint8, device=x.device)
+    if q.numel():
+        _launch_row_groups(x2, q, s, MX_BLOCK, MX_ROWS, MX_GROUPS, MX_WARPS, fmt, mx=True, round_up=round_up)
+    return Quantized(q, s)
+
+
+def quantize_mxfp8_reference(x: torch.Tensor, fmt: str = "e4m3", rounding: str = "floor") -> Quantized:
+    fmt = _check_fmt(fmt)
+    _check_rounding(rounding)
+    x = _check_input(x, min_dim=1)
+    xf = _rows(x).float()
+    m, k = xf.shape
+    code = e8m0_from_amax(_group_amax_ref(xf, 1, MX_BLOCK), fmt, rounding)
+    q = _encode_ref(xf, _expand(_e8m0_inv_ref(code), 1, MX_BLOCK, m, k), fmt)
+    return Quantized(q.reshape(x.shape), code.reshape(*x.shape[:-1], code.shape[-1]))
+
+
+# -- 128x128 blocks ------------------------------------------------------------------------------
+
+
+@triton.jit
+def _block_kernel(x_ptr, q_ptr, s_ptr, M, K, n_bk, B: tl.constexpr, FP8_MAX: tl.constexpr, E5M2: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m * B + tl.arange(0, B)
+    cols = pid_k * B + tl.arange(0, B)
+    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]  # (B, B)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(_finite_abs(x), axis=1), axis=0)
+    s, inv = _fp32_scale(amax, FP8_MAX)
+    tl.store(q_ptr + offs, _encode(x, inv, FP8_MAX, E5M2), mask=mask)
+    tl.store(s_ptr + pid_m * n_bk + pid_k, s)
+
+
+def quantize_128x128(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
+    """One fp32 S per 128x128 block of a 2-D ``(N, K)`` matrix (DeepSeek-V3's weight blocks).
+
+    Returns codes of ``x``'s shape and S of shape ``(cdiv(N, 128), cdiv(K, 128))``; edge blocks are
+    masked."""
+    fmt = _check_fmt(fmt)
+    x = _check_input(x)
+    if x.dim() != 2:
+        raise ValueError(f"x must be a 2-D matrix for 128x128 blocks, got shape {tuple(x.shape)}")
+    m, k = x.shape
+    n_bm, n_bk = triton.cdiv(m, BLOCK_128X128), triton.cdiv(k, BLOCK_128X128)
+    q = torch.empty(x.shape, dtype=FP8_FORMATS[fmt], device=x.device)
+    s = torch.empty((n_bm, n_bk), dtype=torch.float32, device=x.device)
+    if q.numel():
+        _block_kernel[(n_bm, n_bk)](
+            x, q.view(torch.uint8), s, m, k, n_bk, B=BLOCK_128X128, FP8_MAX=FP8_MAX[fmt], E5M2=fmt == "e5m2",
+            num_warps=B128_WARPS,
+        )  # fmt: skip
+    return Quantized(q, s)
+
+
+def quantize_128x128_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
+    fmt = _check_fmt(fmt)
+    x = _check_input(x)
+    if x.dim() != 2:
+        raise ValueError(f"x must be a 2-D matrix for 128x128 blocks, got shape {tuple(x.shape)}")
+    return _groups_reference(x, BLOCK_128X128, BLOCK_128X128, fmt)
+
+
+# -- dequantization ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dequant_kernel(
+    q_ptr, s_ptr, y_ptr, M, K, GM, GK, s_stride, E8M0: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_k * BK + tl.arange(0, BK)
+    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    q = tl.load(q_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    s_offs = (rows // GM).to(tl.int64)[:, None] * s_stride + (cols // GK)[None, :]  # (BM, BK), cached gathers
+    s = tl.load(s_ptr + s_offs, mask=mask, other=1)
+    if E8M0:
+        c = s.to(tl.int32)
+        bits = tl.where(c == 0, 0x00400000, c << 23)
+        bits = tl.where(c == 255, 0x7FC00000, bits)
+        s = bits.to(tl.float32, bitcast=True)
+    tl.store(y_ptr + offs, (q * s).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_GROUPS = {"row": None, "1x128": (1, GROUP_1X128), "128x128": (BLOCK_128X128, BLOCK_128X128), "mxfp8": (1, MX_BLOCK)}
+
+
+def _dequant_args(q, s, granularity):
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
+    if not isinstance(q, torch.Tensor) or q.dtype not in FP8_FORMATS.values():
+        raise TypeError(f"q must be a float8_e4m3fn or float8_e5m2 tensor, got {getattr(q, 'dtype', type(q))}")
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"s must be a torch.Tensor of scales, got {type(s).__name__}")
+    want_dtype = torch.uint8 if granularity == "mxfp8" else torch.float32
+    if s.dtype != want_dtype:
+        raise TypeError(f"s must have dtype {want_dtype} for granularity {granularity!r}, got {s.dtype}")
+    if granularity == "tensor":
+        if s.numel() != 1:
+            raise ValueError(f"s must have one element for a per-tensor scale, got shape {tuple(s.shape)}")
+        k = q.shape[-1] if q.dim() else 1
+        q2 = q.reshape(-1, k)
+        return q2, s.reshape(1, 1), q2.shape[0], k
+    if q.dim() < 1 or (granularity == "128x128" and q.dim() != 2):
+        raise ValueError(f"q has shape {tuple(q.shape)}, which granularity {granularity!r} cannot have")
+    q2 = _rows(q)
+    m, k = q2.shape
+    gm, gk = _GROUPS[granularity] or (1, max(k, 1))
+    want = (triton.cdiv(m, gm), triton.cdiv(k, gk))
+    s2 = s.reshape(-1, s.shape[-1]) if s.dim() else s.reshape(1, 1)
+    if tuple(s2.shape) != want:
+        raise ValueError(f"s has shape {tuple(s.shape)}, but q of shape {tuple(q.shape)} needs {want} scales")
+    return q2, s2, gm, gk
+
+
+def dequantize(q: torch.Tensor, s: torch.Tensor, granularity: str, out_dtype=torch.float32) -> torch.Tensor:
+    """``S * q`` for every element, S chosen by ``granularity`` ("tensor", "row", "1x128", "128x128",
+    "mxfp8"); returns ``out_dtype`` (fp32 exact; bf16/fp16 one rounding).  NaN codes give NaN."""
+    q2, s2, gm, gk = _dequant_args(q, s, granularity)
+    if out_dtype not in INPUT_DTYPES:
+        raise ValueError(f"out_dtype must be torch.float32, torch.bfloat16 or torch.float16, got {out_dtype}")
+    if not kernels.INTERPRETER and q.device.type != "cuda":
+        raise ValueError(f"q is on {q.device}, but Triton compiles for the GPU here: pass q.cuda()")
+    q2, s2 = q2.contiguous(), s2.contiguous()
+    m, k = q2.shape
+    y = torch.empty((m, k), dtype=out_dtype, device=q.device)
+    if y.numel():
+        grid = (triton.cdiv(m, DEQUANT_BM), triton.cdiv(k, DEQUANT_BK))
+        _dequant_kernel[grid](
+            q2, s2, y, m, k, gm, gk, s2.shape[1], E8M0=granularity == "mxfp8", BM=DEQUANT_BM, BK=DEQUANT_BK,
+            num_warps=DEQUANT_WARPS,
+        )  # fmt: skip
+    return y.reshape(q.shape)
+
+
+def dequantize_reference(q: torch.Tensor, s: torch.Tensor, granularity: str, out_dtype=torch.float32) -> torch.Tensor:
+    q2, s2, gm, gk = _dequant_args(q, s, granularity)
+    m, k = q2.shape
+    sf = e8m0_to_float(s2) if granularity == "mxfp8" else s2.float()
+    y = q2.float() * _expand(sf, gm, gk, m, k)
+    return y.to(out_dtype).reshape(q.shape)
+
+
+# -- dispatch ----------------------------------------------------------------------------------------
+
+_QUANTIZERS = {
+    "tensor": (quantize_tensor, quantize_tensor_reference),
+    "row": (quantize_rowwise, quantize_rowwise_reference),
+    "1x128": (quantize_1x128, quantize_1x128_reference),
+    "128x128": (quantize_128x128, quantize_128x128_reference),
+    "mxfp8": (quantize_mxfp8, quantize_mxfp8_reference),
+}
+
+
+def quantize(x: torch.Tensor, granularity: str, fmt: str = "e4m3", reference: bool = False, **kw) -> Quantized:
+    """Quantize ``x`` with the named granularity (kernel, or its plain-torch reference)."""
+    if granularity not in _QUANTIZERS:
+        raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
+    return _QUANTIZERS[granularity][int(reference)](x, fmt, **kw)
+
+
+def scale_bytes_per_element(granularity: str, shape=(16384, 8192)) -> float:
+    """Scale bytes per element of a ``(M, K)`` tensor: the payload overhead of the granularity."""
+    m, k = shape
+    counts = {
+        "tensor": (1, 4),
+        "row": (m, 4),
+        "1x128": (m * triton.cdiv(k, 128), 4),
+        "128x128": (triton.cdiv(m, 128) * triton.cdiv(k, 128), 4),
+        "mxfp8": (m * triton.cdiv(k, 32), 1),
+    }
+    if granularity not in counts:
+        raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
+    n, size = counts[granularity]
+    return n * size / (m * k)
+
+
+def swizzle_mx_scales(s: torch.Tensor) -> torch.Tensor:
+    """Row-major E8M0 scales ``(M, G)`` -> the 128x4-tiled order that cuBLAS's MX GEMMs and Blackwell's
+    block-scaled MMA read, as a flat uint8 tensor: padded with zeros to ``(cdiv(M, 128) * 128,
+    cdiv(G, 4) * 4)``; tiles of 128 rows x 4 scales in row-major tile order, each stored as
+    ``(32, 4, 4)`` with the scale of tile row ``r``, column ``c`` at ``[r % 32, r // 32, c]``."""
+    if not isinstance(s, torch.Tensor) or s.dim() != 2:
+        raise ValueError(f"s must be a 2-D tensor of E8M0 scales (M, K // 32), got {getattr(s, 'shape', s)!r}")
+    m, g = s.shape
+    mp, gp = triton.cdiv(m, 128) * 128, triton.cdiv(g, 4) * 4
+    p = torch.nn.functional.pad(s, (0, gp - g, 0, mp - m))
+    tiles = p.reshape(mp // 128, 4, 32, gp // 4, 4).permute(0, 3, 2, 1, 4)  # (tile row, tile col, r % 32, r // 32, c)
+    return tiles.contiguous().reshape(-1)
+
+
+# -- delayed scaling ---------------------------------------------------------------------------------
+
+
+class DelayedScaling:
+    """Per-tensor delayed scaling: the scale of this step comes from the amax of earlier steps.
+
+    ``amax_history`` (on the device) holds the last ``history_len`` amaxes, newest first.  The scale
+    is ``S = scale_from_amax(A * 2^margin)`` with ``A`` the history's maximum (``algo="max"``) or its
+    newest entry (``"most_recent"``); an empty (all-zero) history gives S = 1.  :meth:`quantize` casts
+    with that S, then records this tensor's amax: a spike larger than ``FP8_MAX * S`` saturates, and
+    only the *next* call's scale reflects it.  Everything stays on the device (no host sync); the
+    history is state that checkpoints must save (:meth:`state_dict`) and that data-parallel ranks
+    must agree on.
+    """
+
+    def __init__(self, history_len: int = 16, margin: int = 0, algo: str = "max", fmt: str = "e4m3", device=None):
+        if not isinstance(history_len, int) or history_len < 1:
+            raise ValueError(f"history_len must be a positive int, got {history_len!r}")
+        if algo not in ("max", "most_recent"):
+            raise ValueError(f"algo must be 'max' or 'most_recent', got {algo!r}")
+        if not isinstance(margin, int) or margin < 0:
+            raise ValueError(f"margin must be a non-negative int (powers of two of headroom), got {margin!r}")
+        self.fmt = _check_fmt(fmt)
+        self.margin = margin
+        self.algo = algo
+        if device is None:
+            device = "cpu" if kernels.INTERPRETER else "cuda"
+        self.amax_history = torch.zeros(history_len, dtype=torch.float32, device=device)
+
+    def scale(self) -> torch.Tensor:
+        """The reconstruction scale S this step uses (0-d fp32, on the device)."""
+        a = self.amax_history.max() if self.algo == "max" else self.amax_history[0]
+        return scale_from_amax(a * 2.0**self.margin, self.fmt)
+
+    def update(self, amax: torch.Tensor) -> None:
+        """Push an amax (a device tensor) into the history, dropping the oldest."""
+        self.amax_history = torch.cat([amax.reshape(1).to(self.amax_history), self.amax_history[:-1]])
+
+    def quantize(self, x: torch.Tensor, reference: bool = False) -> Quantized:
+        """Cast ``x`` with the scale from the history, then record its amax.  Returns ``(q, S)``."""
+        s = self.scale()
+        if reference:
+            q = quantize_tensor_with_scale_reference(x, s, self.fmt)
+            amax = _finite_abs_ref(x.float()).amax()
+        else:
+            q = quantize_tensor_with_scale(x, s, self.fmt)
+            amax = tensor_amax(x)
+        self.update(amax)
+        return Quantized(q, s)
+
+    def state_dict(self) -> dict:
+        return {"amax_history": self.amax_history.clone(), "margin": self.margin, "algo": self.algo, "fmt": self.fmt}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.amax_history = state["amax_history"].clone().to(self.amax_history.device)
+        self.margin, self.algo, self.fmt = state["margin"], state["algo"], state["fmt"]
+
+
+__all__ = [
+    "BLOCK_128X128",
+    "E8M0_BIAS",
+    "EMAX_ELEM",
+    "FP8_FORMATS",
+    "FP8_MAX",
+    "GRANULARITIES",
+    "GROUP_1X128",
+    "MIN_SCALE",
+    "MX_BLOCK",
+    "NAN_CODE",
+    "DelayedScaling",
+    "Quantized",
+    "dequantize",
+    "dequantize_reference",
+    "e8m0_from_amax",
+    "e8m0_to_float",
+    "quantize",
+    "quantize_128x128",
+    "quantize_128x128_reference",
+    "quantize_1x128",
+    "quantize_1x128_reference",
+    "quantize_mxfp8",
+    "quantize_mxfp8_reference",
+    "quantize_rowwise",
+    "quantize_rowwise_reference",
+    "quantize_tensor",
+    "quantize_tensor_reference",
+    "quantize_tensor_with_scale",
+    "quantize_tensor_with_scale_reference",
+    "scale_bytes_per_element",
+    "scale_from_amax",
+    "swizzle_mx_scales",
+    "tensor_amax",
+]
