@@ -1,0 +1,362 @@
+"""kernels.amp: the fused unscale against torch's, the loss scaler against torch.amp.GradScaler decision
+for decision, and the mixed-precision RMSNorm against an fp32 reference."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import kernels
+from kernels import amp
+from kernels.testing import bits, compare, tolerance
+
+DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _grads(seed: int, shapes=((1,), (7,), (127,), (1003,), (4096 + 3,), (33, 65), (2, 3, 5))):
+    """Gradients of awkward sizes in every supported dtype, with adversarial values sprinkled in."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, shape in enumerate(shapes * 2):
+        dtype = DTYPES[i % len(DTYPES)]
+        kind = i % 5
+        x = torch.randn(shape, generator=g)
+        if kind == 1:
+            x = x * 2e4  # near fp16's max (inf in the tails): the scaled values overflow if inv_scale > 1
+        elif kind == 2:
+            x = x * 1e-6  # fp16 subnormals and below
+        elif kind == 3:
+            x = x * 1e-40  # fp32 subnormals
+        elif kind == 4:
+            x = torch.zeros(shape)
+        out.append(x.to(dtype).to(DEVICE))
+    return out
+
+
+def _same_bits_or_both_nan(ours, ref, what):
+    # NaN payloads follow the device's conversion (torch's CPU path makes every bf16 NaN 0x7FC0,
+    # CUDA's 0x7FFF): demand NaN where torch has NaN and identical bits everywhere else.
+    nan = torch.isnan(ref).cpu().numpy().ravel()
+    assert np.array_equal(torch.isnan(ours).cpu().numpy().ravel(), nan), f"{what}: NaN positions differ"
+    got, want = bits(ours).ravel(), bits(ref).ravel()
+    bad = np.flatnonzero((got != want) & ~nan)
+    assert bad.size == 0, f"{what}: {bad.size} elements differ, first at {bad[:5]}: {got[bad[:5]]} vs {want[bad[:5]]}"
+
+
+@pytest.mark.parametrize(
+    "inv_scale, chunk",
+    [(s, c) for s in (2.0**-16, 1.0, 3.0, 1 / 3, 2.0**-130) for c in (None, 1024)] + [(2.0**-16, 8)],
+)
+def test_unscale_bits_match_torch(inv_scale, chunk):
+    grads = _grads(0)
+    ours, ref = [g.clone() for g in grads], [g.clone() for g in grads]
+    found_ours = torch.zeros((), device=DEVICE)
+    found_ref = torch.zeros((), device=DEVICE)
+    inv = torch.tensor(inv_scale, dtype=torch.float32, device=DEVICE)
+    if chunk == 8:  # the tiny chunk makes thousands of programs: keep the interpreter's run short
+        ours, ref = ours[:4], ref[:4]
+    amp.foreach_non_finite_check_and_unscale_(ours, found_ours, inv, chunk=chunk)
+    torch._amp_foreach_non_finite_check_and_unscale_(ref, found_ref, inv)
+    for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
+        _same_bits_or_both_nan(a, b, f"grads[{i}] {a.dtype} {tuple(a.shape)}")
+    expected = float(any(not torch.isfinite(g.double()).all() for g in grads[: len(ours)]))
+    assert found_ours.item() == found_ref.item() == expected
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("where", ["first", "middle chunk", "last element"])
+def test_found_inf_is_set_once_and_never_cleared(bad, where):
+    grads = _grads(1)
+    victim = {"first": 0, "middle chunk": 4, "last element": len(grads) - 1}[where]
+    flat = grads[victim].view(-1)
+    flat[{"first": 0, "middle chunk": flat.numel() // 2, "last element": -1}[where]] = bad
+    ours, ref = [g.clone() for g in grads], [g.clone() for g in grads]
+    found_ours = torch.zeros((), device=DEVICE)
+    found_ref = torch.zeros((), device=DEVICE)
+    inv = torch.tensor(0.5, device=DEVICE)
+    amp.foreach_non_finite_check_and_unscale_(ours, found_ours, inv, chunk=1024)
+    torch._amp_foreach_non_finite_check_and_unscale_(ref, found_ref, inv)
+    assert found_ours.item() == found_ref.item() == 1.0
+    for a, b in zip(ours, ref, strict=True):  # the other gradients are still unscaled, as torch does
+        _same_bits_or_both_nan(a, b, "after an inf")
+    # A flag already set stays set after a clean call; a flag holding 7.0 becomes exactly 1.0 on inf.
+    clean = [torch.ones(10, device=DEVICE)]
+    amp.foreach_non_finite_check_and_unscale_(clean, found_ours, inv)
+    assert found_ours.item() == 1.0
+    seven = torch.full((), 7.0, device=DEVICE)
+    amp.foreach_non_finite_check_and_unscale_([torch.tensor([bad], device=DEVICE)], seven, inv)
+    assert seven.item() == 1.0
+
+
+def test_unscale_strided_views_and_empty_inputs():
+    base = torch.randn(10, 6, device=DEVICE)
+    views = [base.t(), base[:, :3], torch.empty(0, device=DEVICE)]  # dense transposed, with gaps, empty
+    ref = [v.clone() for v in views]
+    found = torch.zeros((), device=DEVICE)
+    inv = torch.tensor(0.25, device=DEVICE)
+    amp.foreach_non_finite_check_and_unscale_(views, found, inv)
+    torch._amp_foreach_non_finite_check_and_unscale_(ref, torch.zeros((), device=DEVICE), inv)
+    for a, b in zip(views, ref, strict=True):
+        assert torch.equal(a, b)
+    amp.foreach_non_finite_check_and_unscale_([], found, inv)  # nothing to do, like torch
+    assert found.item() == 0.0
+
+
+def test_unscale_reference_matches_torch():
+    grads = _grads(2)
+    grads[3].view(-1)[0] = math.nan
+    ours, ref = [g.clone() for g in grads], [g.clone() for g in grads]
+    fo, fr = torch.zeros((), device=DEVICE), torch.zeros((), device=DEVICE)
+    inv = torch.tensor(2.0**-7, device=DEVICE)
+    amp.foreach_non_finite_check_and_unscale_reference(ours, fo, inv)
+    torch._amp_foreach_non_finite_check_and_unscale_(ref, fr, inv)
+    for a, b in zip(ours, ref, strict=True):
+        _same_bits_or_both_nan(a, b, "reference")
+    assert fo.item() == fr.item() == 1.0
+
+
+def test_block_table_is_cached():
+    grads = [torch.randn(100, device=DEVICE), torch.randn(3000, device=DEVICE).half()]
+    found, inv = torch.zeros((), device=DEVICE), torch.tensor(1.0, device=DEVICE)
+    amp._TABLES.clear()
+    amp.foreach_non_finite_check_and_unscale_(grads, found, inv, chunk=1024)
+    amp.foreach_non_finite_check_and_unscale_(grads, found, inv, chunk=1024)
+    assert len(amp._TABLES) == 1
+    (table,) = amp._TABLES.values()
+    assert table.shape == (1 + 3, 4)  # 100 elements: one chunk; 3000: three chunks of 1024
+    assert table[:, 2].tolist() == [100, 1024, 1024, 952]
+
+
+def test_unscale_bad_input():
+    good = [torch.ones(4, device=DEVICE)]
+    found, inv = torch.zeros((), device=DEVICE), torch.tensor(1.0, device=DEVICE)
+    with pytest.raises(TypeError, match="grads must be a list"):
+        amp.foreach_non_finite_check_and_unscale_(good[0], found, inv)
+    with pytest.raises(TypeError, match="found_inf must be a 1-element float32"):
+        amp.foreach_non_finite_check_and_unscale_(good, torch.zeros(2, device=DEVICE), inv)
+    with pytest.raises(TypeError, match="inv_scale must be a 1-element float32"):
+        amp.foreach_non_finite_check_and_unscale_(good, found, inv.double())
+    with pytest.raises(TypeError, match=r"grads\[0\] has dtype torch.int32"):
+        amp.foreach_non_finite_check_and_unscale_([torch.ones(4, dtype=torch.int32, device=DEVICE)], found, inv)
+    with pytest.raises(ValueError, match="chunk must be a positive multiple of 8"):
+        amp.foreach_non_finite_check_and_unscale_(good, found, inv, chunk=12)
+
+
+# -- the controller and the scaler ---------------------------------------------------------------
+
+
+def test_update_scale_matches_torch():
+    rng = random.Random(0)
+    cases = [(3e38, 0.0, 4, 5), (1.0, math.nan, 0, 5), (1.0, 2.0, 0, 5), (1.0, 0.0, 0, 1), (1.0, 0.0, 7, 5)]
+    for _ in range(300):
+        cases.append((rng.uniform(1e-3, 1e6), rng.choice([0.0, 1.0]), rng.randrange(0, 6), rng.randrange(1, 6)))
+    for s, found, tracker, interval in cases:
+        gf, bf = rng.uniform(1.0001, 4.0), rng.uniform(0.01, 0.999)
+        ours_s, ref_s = (torch.tensor(s, dtype=torch.float32, device=DEVICE) for _ in range(2))
+        ours_t, ref_t = (torch.tensor(tracker, dtype=torch.int32, device=DEVICE) for _ in range(2))
+        f = torch.tensor(found, device=DEVICE)
+        amp.update_scale_(ours_s, ours_t, f, gf, bf, interval)
+        torch._amp_update_scale_(ref_s, ref_t, f, gf, bf, interval)
+        assert bits(ours_s) == bits(ref_s), (s, found, tracker, interval, gf, bf)
+        assert ours_t.item() == ref_t.item()
+
+
+class _Pair:
+    """The same tiny model twice, one trained with torch.amp.GradScaler, one with DynamicLossScaler."""
+
+    def __init__(self, seed=0, lr=0.1, dtype=torch.float32, **scaler_args):
+        torch.manual_seed(seed)
+        self.models = [torch.nn.Linear(8, 4).to(DEVICE, dtype) for _ in range(2)]
+        self.models[1].load_state_dict(self.models[0].state_dict())
+        self.opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for m in self.models]
+        self.ref = torch.amp.GradScaler(DEVICE, **scaler_args)
+        self.ours = amp.DynamicLossScaler(**scaler_args)
+        self.x = torch.randn(16, 8, device=DEVICE, dtype=dtype)
+
+    def step(self, poison=None, clip=None):
+        """One iteration in both; ``poison`` (inf or NaN) is written into one gradient after backward.
+        Returns (skipped by torch, skipped by ours)."""
+        skipped = []
+        for model, opt, scaler in zip(self.models, self.opts, (self.ref, self.ours), strict=True):
+            opt.zero_grad()
+            before = [p.detach().clone() for p in model.parameters()]
+            loss = model(self.x).pow(2).mean()
+            scaler.scale(loss).backward()
+            if poison is not None:
+                model.weight.grad[1, 2] = poison
+            scaler.unscale_(opt)
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            scaler.step(opt)
+            scaler.update()
+            skipped.append(all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True)))
+        return tuple(skipped)
+
+    def assert_same(self, where):
+        assert self.ref.get_scale() == self.ours.get_scale(), f"{where}: scale differs"
+        assert self.ref._get_growth_tracker() == self.ours.get_growth_tracker(), f"{where}: growth tracker differs"
+        for a, b in zip(self.models[0].parameters(), self.models[1].parameters(), strict=True):
+            assert torch.equal(a, b), f"{where}: parameters differ"
+        assert self.ref.state_dict() == self.ours.state_dict(), f"{where}: state_dict differs"
+
+
+def test_scripted_overflow_sequence_matches_gradscaler():
+    pair = _Pair(init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    script = [None, None, None, math.inf, None, math.nan, math.nan, None, None, None, None, -math.inf] + [None] * 7
+    scales = []
+    for i, poison in enumerate(script):
+        skipped = pair.step(poison, clip=1.0)
+        assert skipped[0] == skipped[1] == (poison is not None), f"step {i}: skip decision"
+        pair.assert_same(f"step {i}")
+        scales.append(pair.ours.get_scale())
+    # 3 clean steps grow, each overflow halves and restarts the count.
+    assert scales[:8] == [2.0**10, 2.0**10, 2.0**11, 2.0**10, 2.0**10, 2.0**9, 2.0**8, 2.0**8]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_overflow_sequences_match_gradscaler(seed):
+    rng = random.Random(seed)
+    args = {
+        "init_scale": rng.choice([2.0**16, 2.0**3, 1000.0]),
+        "growth_factor": rng.choice([2.0, 1.5, 3.0]),
+        "backoff_factor": rng.choice([0.5, 0.25, 0.7]),
+        "growth_interval": rng.choice([1, 2, 5]),
+    }
+    pair = _Pair(seed=seed, **args)
+    for i in range(40):
+        poison = rng.choice([math.inf, -math.inf, math.nan]) if rng.random() < 0.3 else None
+        skipped = pair.step(poison, clip=rng.choice([None, 0.5]))
+        assert skipped[0] == skipped[1], f"step {i}"
+        pair.assert_same(f"seed {seed} step {i}")
+
+
+def test_real_overflow_from_large_scale_matches_gradscaler():
+    # No poison: the scale itself is too large for fp16 activations' gradients... here the loss is
+    # multiplied past fp32's range, so the overflow is genuine, and both back off until it fits.
+    pair = _Pair(init_scale=2.0**120, growth_interval=2)
+    pair.x = pair.x * 1e4
+    for i in range(12):
+        skipped = pair.step()
+        assert skipped[0] == skipped[1], f"step {i}"
+        pair.assert_same(f"step {i}")
+    assert pair.ours.get_scale() < 2.0**120
+
+
+def test_state_dict_round_trip_between_scalers():
+    pair = _Pair(init_scale=2.0**12, growth_interval=4)
+    for poison in (None, math.inf, None, None):
+        pair.step(poison)
+    saved = pair.ours.state_dict()
+    assert set(saved) == set(pair.ref.state_dict())
+    fresh_ours, fresh_ref = amp.DynamicLossScaler(), torch.amp.GradScaler(DEVICE)
+    fresh_ours.load_state_dict(pair.ref.state_dict())  # torch's checkpoint into ours
+    fresh_ref.load_state_dict(saved)  # and ours into torch's
+    assert fresh_ours.state_dict() == fresh_ref.state_dict() == saved
+    pair.ours, pair.ref = fresh_ours, fresh_ref
+    for poison in (None, None, None, math.nan, None):
+        pair.step(poison)
+        pair.assert_same("after restore")
+    with pytest.raises(RuntimeError, match="empty"):
+        amp.DynamicLossScaler().load_state_dict({})
+
+
+def test_scaler_refuses_what_gradscaler_refuses():
+    model = torch.nn.Linear(4, 2).to(DEVICE)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = amp.DynamicLossScaler()
+    with pytest.raises(RuntimeError, match="before scale"):
+        scaler.unscale_(opt)
+    scaler.scale(model(torch.ones(1, 4, device=DEVICE)).sum()).backward()
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match="already been called"):
+        scaler.unscale_(opt)
+    scaler.step(opt)
+    with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
+        scaler.step(opt)
+    scaler.update()
+    half = torch.nn.Linear(4, 2).to(DEVICE, torch.float16)
+    opt16 = torch.optim.SGD(half.parameters(), lr=0.1)
+    scaler.scale(half(torch.ones(1, 4, device=DEVICE, dtype=torch.float16)).float().sum()).backward()
+    with pytest.raises(ValueError, match="FP16 gradients"):
+        scaler.unscale_(opt16)
+    for bad in ({"growth_factor": 1.0}, {"backoff_factor": 1.0}, {"growth_interval": 0}, {"init_scale": -1.0}):
+        with pytest.raises(ValueError):
+            amp.DynamicLossScaler(**bad)
+    disabled = amp.DynamicLossScaler(enabled=False)
+    loss = torch.tensor(3.0)
+    assert disabled.scale(loss) is loss and disabled.get_scale() == 1.0 and disabled.state_dict() == {}
+
+
+# -- RMSNorm ------------------------------------------------------------------------------------------
+
+
+def _rms_cases(dtype):
+    g = torch.Generator().manual_seed(0)
+    for m, n in ((1, 1), (3, 7), (5, 127), (4, 1000 + 3), (2, 4096)):
+        x = torch.randn(m, n, generator=g)
+        yield f"random {m}x{n}", x.to(dtype)
+    yield "zero row", torch.zeros(2, 64).to(dtype)  # rstd = 1/sqrt(eps): finite, output 0
+    yield "large (1e4)", (torch.randn(3, 256, generator=g) * 1e4).to(dtype)  # x^2 sums past fp16's range
+    outlier = torch.randn(3, 256, generator=g)
+    outlier[1, 7] = 300.0
+    yield "one outlier", outlier.to(dtype)
+    yield "3-D input", torch.randn(2, 3, 96, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rmsnorm_forward_and_backward_against_fp32_reference(dtype):
+    # The output is an fp32 value rounded once to ``dtype``: half an ulp, the "elementwise" tolerance
+    # of the table.  dx and dW add fp32 sums over a row (N terms) or a column (M rows); where they
+    # cancel to near zero, the absolute error of those sums, ~N * 2^-24 of the largest term, dominates,
+    # hence the small atol relative to the largest gradient.
+    tol = tolerance("elementwise", dtype)
+    # Outputs that land among the subnormals are rounded to an absolute grid: half its spacing.
+    tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps / 2
+    g = torch.Generator().manual_seed(1)
+    for name, x in _rms_cases(dtype):
+        n = x.shape[-1]
+        w = (1 + 0.1 * torch.randn(n, generator=g)).to(dtype)
+        dy = torch.randn(x.shape, generator=g).to(dtype)
+        xd, wd = x.to(DEVICE).clone().requires_grad_(), w.to(DEVICE).clone().requires_grad_()
+        y = amp.rmsnorm(xd, wd, 1e-6)
+        assert y.dtype == dtype and y.shape == x.shape
+        y.backward(dy.to(DEVICE))
+        xr, wr = x.double().requires_grad_(), w.double().requires_grad_()  # fp64: the exact answer
+        yr = amp.rmsnorm_reference(x, w, 1e-6)
+        result = compare(y, yr, atol=tiny, rtol=tol.rtol, name=name)
+        assert result.ok, result.report
+        rstd = torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6)
+        ref = xr * rstd * wr
+        ref.backward(dy.double())
+        with torch.no_grad():  # the size of the terms before they cancel: what the fp32 sums err against
+            dx_terms = (wr * dy.double() * rstd).abs().amax()
+            dw_terms = (dy.double() * xr * rstd).abs().reshape(-1, n).sum(0).amax()
+        for got, want, terms, what in ((xd.grad, xr.grad, dx_terms, "dx"), (wd.grad, wr.grad, dw_terms, "dw")):
+            atol = float(terms) * 2.0**-16 + tiny
+            result = compare(got, want, atol=atol, rtol=tol.rtol, name=f"{name} {what}")
+            assert result.ok, result.report
+            assert got.dtype == dtype
+
+
+def test_rmsnorm_module_and_saved_statistics():
+    norm = amp.RMSNorm(64, eps=1e-5, dtype=torch.bfloat16, device=DEVICE)
+    x = torch.randn(4, 64, device=DEVICE).to(torch.bfloat16)
+    y, rstd = amp.rmsnorm_forward(x, norm.weight.detach(), 1e-5)
+    assert rstd.dtype == torch.float32 and rstd.shape == (4,)
+    want = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-5)
+    assert torch.allclose(rstd, want, rtol=1e-6)
+    assert torch.equal(norm(x), y)
+    assert "64, eps=1e-05" in repr(norm)
+
+
+def test_rmsnorm_bad_input():
+    x = torch.randn(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="weight must be 1-D"):
+        amp.rmsnorm(x, torch.ones(7, device=DEVICE))
+    with pytest.raises(TypeError, match="x must be float32"):
+        amp.rmsnorm(x.long(), torch.ones(8, device=DEVICE))
+    with pytest.raises(ValueError, match="eps must be"):
+        amp.rmsnorm(x, torch.ones(8, device=DEVICE), eps=-1.0)
