@@ -1,35 +1,147 @@
-"""Grade submitted lab notebooks with otter-grader, offline and without Docker.
+"""Grade a workshop's submitted lab notebooks, each isolated, offline, without a GPU or Docker.
 
-    python -m kernels.grade labs/00_bf16_rounding.ipynb submissions/*.ipynb [--csv scores.csv]
+    python -m kernels.grade submissions/ --out grades/ [--jobs 4] [--timeout 600] [--memory-gb 8]
 
-The lab notebook carries its tests in its metadata (written by ``python -m kernels.labgen``); each
-submission is executed top to bottom in a scratch folder and scored question by question with the
-same ``kernels.checks`` functions the students ran.  Submissions run as ordinary Python on this
-machine: grade them in a throwaway account or container if you do not trust them.
+Each argument is a notebook or a folder searched for notebooks (``*.ipynb``).  For every submission:
+
+* the **lab** is read from the notebook's otter metadata (``assignment_name``), or else from its file
+  or folder name (``alice_00_bf16_rounding.ipynb``, ``alice/lab00.ipynb``); the CSV says which;
+* the **student** is the file name without the lab's name, or the folder's name when nothing is left
+  (``alice/00_bf16_rounding.ipynb`` -> ``alice``);
+* the notebook runs in its own process, in a fresh temporary folder holding only a copy of itself,
+  under a wall-clock limit, an address-space limit (``RLIMIT_AS``) and an output cap, with the
+  environment scrubbed, no network, and no view of the solutions, the tests, the other submissions or
+  the grader's outputs (see "Isolation" below);
+* after its last cell has run, and only then, the lab's tests (public and hidden, taken from the
+  otter autograder version of ``solutions/NN_name.ipynb``) are handed to the same process through a
+  pipe and run by otter-grader's test-file runner against the notebook's variables.  The tests call
+  the ``kernels.checks`` functions that the students' own check cells call.
+
+Written to ``--out``: ``scores.csv`` (student, lab, points per question, total, status) and
+``feedback/<lab>/<student>.md`` (per question: passed, or failed with the check's diagnosis; hidden
+tests named, never shown).  Every result is also kept as ``results/<key>.json``, keyed by the
+submission's content hash, its student and lab, and the tests; all files are written atomically, so an
+interrupted run loses nothing and a re-run grades only what is new or changed (``--force`` regrades).
+
+Statuses (one per submission, the most serious; ``flags`` lists all):
+
+==================  ========================================================================
+``not-a-notebook``  the file is not a notebook (not JSON, or not nbformat); scores 0
+``unknown-lab``     neither metadata nor file name says which lab; not graded
+``timeout``         the wall-clock limit was reached (an infinite loop); questions scored
+                    before that keep their points
+``memory``          the address-space limit was hit (MemoryError or the process died of it)
+``crashed``         the process died (a signal, e.g. a segmentation fault)
+``forbidden-read``  a cell tried to read the solutions, the tests, other submissions or the
+                    grader's outputs: refused, and flagged for the instructor
+``forbidden-write`` a cell tried to write, delete or rename outside its folder: refused, flagged
+``forbidden-exec``  a cell tried to start a program or open a network connection: refused
+``out-of-bounds``   a Triton kernel loaded or stored outside every tensor passed to it
+``output-capped``   the notebook printed more than the output cap; the rest was dropped
+``syntax-error``    a cell does not compile
+``all-cells-failed`` every code cell raised an exception
+``missing-function`` a question's function is not defined at all
+``cell-errors``     some cells raised exceptions
+``ok``              every cell ran (the score may still be partial)
+==================  ========================================================================
+
+Isolation.  With unprivileged user namespaces (``unshare -rmn``, tried at start-up), the process runs
+in its own network namespace (no interface but a down loopback: no network at all) and mount
+namespace, where the repository is mounted read-only and the solutions, tests, submission folders
+and output folder are covered by empty file systems: the guarantee is the kernel's.  In every case
+an audit hook (PEP 578) in the child refuses and reports opening those paths, writing anywhere but
+its folder, starting processes and opening sockets.  Without namespaces that hook is the only
+barrier, and audit hooks are not a security boundary against code written to evade them (ctypes,
+for one): grade untrusted work where namespaces are available, which the start-up line reports.
+Code that deliberately tampers with its own process (replacing the checks it is graded by) is not
+prevented; the feedback and CSV make such a notebook easy to review by hand.
+
+Out-of-bounds accesses: Triton's CPU interpreter performs an unmasked ``tl.load`` past the end of a
+tensor as a raw read of whatever memory follows (garbage, silently) and an unmasked ``tl.store`` as a
+raw write (heap corruption, often a crash much later).  In the grading process every load and store
+is first checked against the memory of the kernel's tensor arguments and refused with a clear error.
 """
+
+from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import select
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-import nbformat
+ROOT = Path(__file__).resolve().parent.parent
+GRADER_VERSION = 1  # part of every result's key: bump when grading itself changes
+
+DEFAULT_TIMEOUT_S = 600
+# torch + triton + the package reserve about 3.5 GB of address space before any student code runs
+# (VmPeak measured after the imports); 8 GB leaves room for the labs' largest CPU arrays.
+DEFAULT_MEMORY_GB = 8.0
+DEFAULT_OUTPUT_MB = 2.0
+
+STATUS_ORDER = [
+    "not-a-notebook",
+    "unknown-lab",
+    "timeout",
+    "memory",
+    "crashed",
+    "forbidden-read",
+    "forbidden-write",
+    "forbidden-exec",
+    "out-of-bounds",
+    "output-capped",
+    "syntax-error",
+    "all-cells-failed",
+    "missing-function",
+    "cell-errors",
+    "ok",
+]
+
+# ------------------------------------------------------------------------------------------------
+# The labs and their tests
 
 
-@dataclass
-class Score:
-    submission: str
-    earned: float = 0.0
-    possible: float = 0.0
-    questions: dict = field(default_factory=dict)  # name -> (earned, possible)
-    error: str = ""
+@dataclasses.dataclass
+class Lab:
+    name: str  # "00_bf16_rounding"
+    tests: dict  # question -> otter exception-test source
+    source: str  # where the tests came from, for the report
+
+    @property
+    def questions(self) -> list:
+        return sorted(self.tests, key=_natural)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.tests, sort_keys=True).encode()).hexdigest()
+
+    def aliases(self) -> list:
+        """Names a file may carry to say it is this lab: the full name, and ``labNN``."""
+        number = self.name.split("_", 1)[0]
+        return [self.name, f"lab{number}", f"lab_{number}", f"lab-{number}"]
+
+
+def _natural(s: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
 def lab_tests(lab: Path) -> dict:
-    """{question name: otter test source} stored in a generated lab's metadata."""
+    """{question name: otter test source} stored in a generated lab's metadata (public tests only)."""
+    import nbformat
+
     nb = nbformat.read(lab, as_version=4)
     try:
         return dict(nb.metadata["otter"]["tests"])
@@ -37,60 +149,1051 @@ def lab_tests(lab: Path) -> dict:
         raise ValueError(f"lab {lab} holds no otter tests in its metadata; pass a notebook from labs/") from None
 
 
-def grade_one(submission: Path, tests: dict, workdir: Path) -> Score:
-    """Run ``submission`` in ``workdir`` and score it against ``tests``."""
-    from otter.execute import grade_notebook
+def load_labs(labs_dir: Path = ROOT / "labs", solutions_dir: Path = ROOT / "solutions") -> dict:
+    """{lab name: Lab} for every lab in ``labs_dir``, with hidden tests from ``solutions_dir`` if there.
 
-    tests_dir = workdir / "tests"
-    tests_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, source in tests.items():
-        path = tests_dir / f"{name}.py"
-        path.write_text(source)
-        paths.append(str(path))
-    copy = workdir / submission.name
-    shutil.copy(submission, copy)
-    score = Score(str(submission))
+    The student lab carries only the public tests; the autograder notebook that ``otter assign``
+    makes from the solution carries the hidden ones too.
+    """
+    from kernels import labgen
+
+    labs = {}
+    for path in sorted(Path(labs_dir).glob("*.ipynb")):
+        master = Path(solutions_dir) / path.name
+        if master.is_file():
+            with tempfile.TemporaryDirectory(prefix="kernels-grade-assign-") as tmp:
+                _, autograder = labgen.assign(master, Path(tmp))
+                labs[path.stem] = Lab(path.stem, lab_tests(autograder), f"solutions/{path.name} (public and hidden)")
+        else:
+            labs[path.stem] = Lab(path.stem, lab_tests(path), f"labs/{path.name} (public tests only)")
+    if not labs:
+        raise ValueError(f"labs_dir: no lab notebooks in {labs_dir}")
+    return labs
+
+
+# ------------------------------------------------------------------------------------------------
+# Submissions: which lab, which student
+
+
+@dataclasses.dataclass
+class Submission:
+    path: Path
+    student: str
+    lab: str | None
+    lab_from: str  # "metadata", "file name", "--lab" or ""
+    sha256: str
+    notebook_error: str = ""  # why the file is not a notebook
+
+
+def find_notebooks(paths) -> list:
+    """Every ``*.ipynb`` named or under a named folder (checkpoints skipped), in a stable order."""
+    found = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found += sorted(q for q in p.rglob("*.ipynb") if ".ipynb_checkpoints" not in q.parts)
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise FileNotFoundError(f"submissions: no such file or folder: {p}")
+    return found
+
+
+def identify(path: Path, labs: dict, forced_lab: str | None = None) -> Submission:
+    data = path.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    error, meta_lab = "", None
     try:
-        results = grade_notebook(str(copy), tests_glob=paths, test_dir=str(tests_dir), cwd=str(workdir))
-    except Exception as exc:  # noqa: BLE001 - a broken submission scores 0 and grading goes on
-        score.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        score.possible = float(len(tests))
-        return score
-    score.earned, score.possible = float(results.total), float(results.possible)
-    for name, result in results.results.items():
-        score.questions[name] = (float(result.score), float(result.possible))
-    return score
+        import nbformat
+
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+        nbformat.validate(nb)
+        if not any(c.get("cell_type") == "code" for c in nb.cells):
+            error = "the notebook has no code cells"
+        meta_lab = nb.metadata.get("otter", {}).get("assignment_name")
+    except Exception as e:  # noqa: BLE001 - anything unreadable is "not a notebook", with the reason
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        error = f"not a notebook: {type(e).__name__}: {first}"[:300]
+    lab, lab_from = None, ""
+    if forced_lab:
+        lab, lab_from = forced_lab, "--lab"
+    elif meta_lab in labs:
+        lab, lab_from = meta_lab, "metadata"
+    else:
+        names = [path.stem, *(part for part in reversed(path.parent.parts))]
+        for name in names:
+            hits = [lab for lab in labs.values() for alias in lab.aliases() if alias.lower() in name.lower()]
+            if hits:
+                lab, lab_from = hits[0].name, "file name"
+                break
+    student = path.stem
+    if lab:
+        for alias in sorted(labs[lab].aliases(), key=len, reverse=True) if lab in labs else [lab]:
+            student = re.sub(re.escape(alias), "", student, flags=re.IGNORECASE)
+        student = student.strip("_-. ")
+        if not student:
+            student = path.parent.name or path.stem
+    return Submission(path, student, lab, lab_from, sha, error)
+
+
+# ------------------------------------------------------------------------------------------------
+# Isolation of one submission
+
+
+def namespaces_available() -> bool:
+    """True if unprivileged user, mount and network namespaces work here (``unshare -rmn``)."""
+    exe = shutil.which("unshare")
+    if not exe:
+        return False
+    try:
+        done = subprocess.run([exe, "-rmn", "true"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+@dataclasses.dataclass
+class Limits:
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    memory_gb: float = DEFAULT_MEMORY_GB
+    output_mb: float = DEFAULT_OUTPUT_MB
+    namespaces: bool = True
+
+
+def _child_env(workdir: Path) -> dict:
+    keep = ("PATH", "LANG", "LC_ALL", "KERNELS_INTERPRET", "SYSTEMROOT")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env.update(
+        HOME=str(workdir),
+        TMPDIR=str(workdir / "tmp"),
+        MPLCONFIGDIR=str(workdir / "tmp"),
+        TRITON_CACHE_DIR=str(workdir / "tmp" / "triton"),
+        MPLBACKEND="Agg",
+        PYTHONHASHSEED="0",
+        PYTHONDONTWRITEBYTECODE="1",
+        OMP_NUM_THREADS="1",  # workers run side by side; one thread each keeps them from fighting
+        MKL_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, scratch: Path) -> dict:
+    """Run one submission in a child process and return its raw events summarised as a result."""
+    workdir = Path(tempfile.mkdtemp(prefix="sub-", dir=scratch))
+    (workdir / "tmp").mkdir()
+    shutil.copyfile(sub.path, workdir / f"{lab.name}.ipynb")
+    spec = {
+        "notebook": f"{lab.name}.ipynb",
+        "workdir": str(workdir),
+        "hidden": [str(p) for p in hidden_paths],
+        "root": str(ROOT),
+        "output_bytes": int(limits.output_mb * 2**20),
+        "namespaces": limits.namespaces,
+    }
+    cmd = [sys.executable, "-m", "kernels.grade", "--child", json.dumps(spec)]
+    if limits.namespaces:
+        cmd = [shutil.which("unshare"), "-rmn", *cmd]
+    memory = int(limits.memory_gb * 2**30)
+    file_cap = int(limits.output_mb * 2**20) * 4 + 64 * 2**20  # the child's own files: logs, caches
+
+    def limit_child():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_cap, file_cap))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    events_r, events_w = os.pipe()
+    spec["events_fd"] = events_w  # pass_fds keeps the number
+    cmd[-1] = json.dumps(spec)
+    log = open(workdir / "tmp" / "child.log", "wb")
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            env=_child_env(workdir),
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=log,
+            pass_fds=(events_w,),
+            preexec_fn=limit_child,
+            start_new_session=True,
+        )
+    finally:
+        os.close(events_w)
+        log.close()
+    events, buffer, timed_out, sent_tests = [], b"", False, False
+    deadline = started + limits.timeout_s
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([events_r], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(events_r, 1 << 16)
+            if not chunk:
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                events.append(event)
+                if event.get("event") == "executed" and not sent_tests:
+                    sent_tests = True
+                    try:  # the tests exist in the child only from now on
+                        proc.stdin.write(json.dumps(lab.tests).encode())
+                        proc.stdin.close()
+                    except OSError:
+                        pass
+    finally:
+        os.close(events_r)
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    elapsed = time.monotonic() - started
+    log_tail = (workdir / "tmp" / "child.log").read_bytes()[-4000:].decode("utf-8", "replace")
+    shutil.rmtree(workdir, ignore_errors=True)
+    return summarise(sub, lab, events, proc.returncode, timed_out, elapsed, limits, log_tail)
+
+
+def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail="") -> dict:
+    """Turn the child's events into a result: points per question, feedback, status and flags."""
+    flags, notes = [], []
+    cells = [e for e in events if e.get("event") == "cell"]
+    cases = [e for e in events if e.get("event") == "case"]
+    violations = [e for e in events if e.get("event") == "violation"]
+    executed = any(e.get("event") == "executed" for e in events)
+    finished = any(e.get("event") == "done" for e in events)
+    setup = next((e for e in events if e.get("event") == "setup-error"), None)
+
+    def flag(status, note):
+        if status not in flags:
+            flags.append(status)
+        if note not in notes:
+            notes.append(note)
+
+    if timed_out:
+        where = "while scoring" if executed else f"in cell {cells[-1]['index'] + 1 if cells else 1}"
+        running = next((e for e in reversed(events) if e.get("event") == "started"), None)
+        if running and not executed:
+            where = f"in cell {running['index'] + 1}"
+        elif running and executed:
+            where = f"while scoring {running.get('question', '')}".rstrip()
+        flag("timeout", f"stopped after {limits.timeout_s:g} s {where} (an infinite loop?)")
+    if any(e.get("memory") for e in cells) or any(c.get("memory") for c in cases):
+        flag("memory", f"ran out of memory (limit {limits.memory_gb:g} GB of address space)")
+    if not timed_out and not finished and returncode not in (0, None):
+        if returncode < 0:
+            name = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else -returncode
+            if name == "SIGKILL":
+                flag("memory", f"the process was killed (SIGKILL; the memory limit is {limits.memory_gb:g} GB)")
+            else:
+                flag("crashed", f"the process died of {name}")
+        else:
+            flag("crashed", f"the process exited with status {returncode}")
+    for v in violations:
+        flag(v["status"], v["detail"])
+    oob = [e for e in events if e.get("event") == "oob"]
+    if oob:
+        flag("out-of-bounds", oob[0]["message"])
+    if any(e.get("event") == "output-capped" for e in events):
+        flag("output-capped", f"printed more than {limits.output_mb:g} MB; the rest of the output was dropped")
+    syntax = [e for e in cells if e.get("syntax")]
+    if syntax:
+        flag("syntax-error", f"cell {syntax[0]['index'] + 1}: {syntax[0]['error']}")
+    if cells and executed and all(e.get("error") for e in cells):
+        flag("all-cells-failed", f"all {len(cells)} code cells raised an exception")
+    missing = [c for c in cases if c.get("missing")]
+    if missing:
+        flag("missing-function", "not defined: " + ", ".join(sorted({c["missing"] for c in missing})))
+    errors = [e for e in cells if e.get("error") and not e.get("syntax")]
+    if errors and "all-cells-failed" not in flags:
+        flag(
+            "cell-errors",
+            f"{len(errors)} of {len(cells)} code cells raised; first, cell {errors[0]['index'] + 1}: "
+            f"{errors[0]['error']}",
+        )
+    if setup:
+        flag("crashed", f"the grading process could not start: {setup['error']}")
+    order = {s: i for i, s in enumerate(STATUS_ORDER)}
+    flags.sort(key=order.get)
+    status = flags[0] if flags else "ok"
+
+    questions = {}
+    for q in lab.questions:
+        qcases = [c for c in cases if c["question"] == q]
+        possible = qcases[0]["possible"] if qcases else _question_points(lab.tests[q])
+        if not qcases:
+            why = "not scored: " + (notes[0] if flags and flags[0] in ("timeout", "memory", "crashed") else "no result")
+            questions[q] = {"points": 0.0, "possible": possible, "cases": [], "note": why}
+            continue
+        questions[q] = {
+            "points": qcases[0]["score"],
+            "possible": possible,
+            "cases": [{k: c[k] for k in ("name", "hidden", "passed", "message")} for c in qcases],
+            "note": "",
+        }
+    total = sum(v["points"] for v in questions.values())
+    possible = sum(v["possible"] for v in questions.values())
+    return {
+        "student": sub.student,
+        "lab": lab.name,
+        "lab_from": sub.lab_from,
+        "submission": str(sub.path),
+        "sha256": sub.sha256,
+        "status": status,
+        "flags": flags,
+        "notes": notes,
+        "questions": questions,
+        "total": total,
+        "possible": possible,
+        "seconds": round(elapsed, 1),
+        "log_tail": log_tail if status in ("crashed",) else "",
+    }
+
+
+def _question_points(source: str) -> float:
+    from otter.test_files.exception_test import ExceptionTestFile
+
+    try:
+        return float(ExceptionTestFile.from_string(source, path="q").possible)
+    except Exception:  # noqa: BLE001
+        return 0.0
+
+
+def not_graded(sub: Submission, lab: Lab | None, status: str, note: str) -> dict:
+    questions = {}
+    if lab:
+        for q in lab.questions:
+            questions[q] = {"points": 0.0, "possible": _question_points(lab.tests[q]), "cases": [], "note": note}
+    return {
+        "student": sub.student,
+        "lab": lab.name if lab else (sub.lab or ""),
+        "lab_from": sub.lab_from,
+        "submission": str(sub.path),
+        "sha256": sub.sha256,
+        "status": status,
+        "flags": [status],
+        "notes": [note],
+        "questions": questions,
+        "total": 0.0,
+        "possible": sum(v["possible"] for v in questions.values()),
+        "seconds": 0.0,
+        "log_tail": "",
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# The child: runs in the sandbox
+
+
+class _Capped(io.TextIOBase):
+    """A stdout that keeps at most ``limit`` characters (to a file in the sandbox) and drops the rest."""
+
+    def __init__(self, stream, limit, on_cap):
+        self.stream, self.limit, self.used, self.on_cap, self.capped = stream, limit, 0, on_cap, False
+
+    def writable(self):
+        return True
+
+    def write(self, s):
+        s = str(s)
+        if self.used + len(s) > self.limit:
+            s = s[: max(0, self.limit - self.used)]
+            if not self.capped:
+                self.capped = True
+                self.on_cap()
+        self.used += len(s)
+        if s:
+            self.stream.write(s)
+        return len(s)
+
+    def flush(self):
+        self.stream.flush()
+
+
+class OutOfBounds(IndexError):
+    """A Triton kernel (in the interpreter) addressed memory outside its tensor arguments."""
+
+
+def install_bounds_check(report=None):
+    """Make the Triton interpreter refuse loads and stores outside the launch's tensor arguments.
+
+    The interpreter copies each tensor argument's storage to the host before a launch; only those
+    bytes are legal.  ``report(message)`` is called before the error is raised.
+    """
+    import numpy as np
+    from triton.runtime import interpreter as interp
+
+    ranges = []  # (start, end) byte ranges of the current launch's storages
+    executor = interp.GridExecutor
+    original_init = executor._init_args_hst
+    if getattr(original_init, "_bounds_checked", False):
+        return
+
+    def _init_args_hst(self, args_dev, kwargs):
+        args_hst, kwargs_hst = original_init(self, args_dev, kwargs)
+        ranges.clear()
+
+        def collect(arg):
+            if isinstance(arg, tuple):
+                for a in arg:
+                    collect(a)
+            elif hasattr(arg, "untyped_storage"):
+                storage = arg.untyped_storage()
+                ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+            elif hasattr(arg, "base") and hasattr(arg.base, "untyped_storage"):
+                collect(arg.base)
+
+        for a in [*args_hst, *kwargs_hst.values()]:
+            collect(a)
+        return args_hst, kwargs_hst
+
+    _init_args_hst._bounds_checked = True
+
+    def check(ptrs, mask, what):
+        addresses = np.asarray(ptrs.data, dtype=np.uint64).ravel()
+        active = np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data)).ravel()
+        if not active.any():
+            return
+        size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for start, end in ranges:
+            inside |= (addresses >= start) & (addresses + size <= end)
+        bad = active & ~inside
+        if bad.any():
+            lane = int(np.argmax(bad))
+            address = int(addresses[lane])
+            nearest = min(ranges, key=lambda r: min(abs(address - r[0]), abs(address - r[1])), default=None)
+            where = ""
+            if nearest:
+                where = f", byte {address - nearest[0]} of a {nearest[1] - nearest[0]}-byte tensor argument"
+            message = (
+                f"out-of-bounds {what}: {int(bad.sum())} of {int(active.sum())} active lanes address memory "
+                f"outside every tensor argument (first: lane {lane}{where}); give the {what} a mask "
+                f"(mask=offs < n)"
+            )
+            if report:
+                report(message)
+            raise OutOfBounds(message)
+
+    builder = interp.InterpreterBuilder
+    load, store = builder.create_masked_load, builder.create_masked_store
+
+    def create_masked_load(self, ptrs, mask, other, *args):
+        check(ptrs, mask, "tl.load")
+        return load(self, ptrs, mask, other, *args)
+
+    def create_masked_store(self, ptrs, value, mask, *args):
+        check(ptrs, mask, "tl.store")
+        return store(self, ptrs, value, mask, *args)
+
+    executor._init_args_hst = _init_args_hst
+    builder.create_masked_load = create_masked_load
+    builder.create_masked_store = create_masked_store
+
+
+def _mount_hidden(root: Path, hidden: list, workdir: Path):
+    """Inside a fresh user+mount namespace: repository read-only, hidden paths covered by empty tmpfs."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
+
+    def mount(src, target, fstype, flags, data):
+        if libc.mount(src, target, fstype, flags, data) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"mount {target.decode()}: {os.strerror(errno)}")
+
+    r = str(root).encode()
+    if not str(workdir).startswith(str(root) + os.sep):
+        mount(r, r, None, MS_BIND | MS_REC, None)
+        mount(None, r, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC, None)
+    for path in hidden:
+        p = Path(path)
+        if p.is_dir() and not str(workdir).startswith(str(p) + os.sep):
+            mount(b"tmpfs", str(p).encode(), b"tmpfs", MS_RDONLY, b"size=4k,mode=0555")
+
+
+def _child(spec: dict) -> int:
+    """The grading process of one submission: execute its cells, then score with the tests from stdin."""
+    events_fd = spec["events_fd"]
+    # stdin carries the tests later; the cells get an empty stdin (input() must not wait for them)
+    tests_fd = os.dup(0)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    lock = threading.Lock()
+
+    def emit(**event):
+        data = (json.dumps(event, default=str) + "\n").encode()
+        with lock:
+            os.write(events_fd, data)
+
+    workdir = Path(spec["workdir"])
+    root = Path(spec["root"])
+    hidden = [Path(p) for p in spec["hidden"]]
+    try:
+        if spec["namespaces"]:
+            _mount_hidden(root, hidden, workdir)
+        os.chdir(workdir)
+        # Everything the grader needs is imported before the first student line runs.
+        import nbformat
+        import numpy  # noqa: F401
+        import torch  # noqa: F401
+        from IPython.core.inputtransformer2 import TransformerManager
+        from otter.test_files.exception_test import ExceptionTestFile
+
+        import kernels  # noqa: F401
+        import kernels.checks  # noqa: F401
+
+        install_bounds_check(lambda message: emit(event="oob", message=message))
+        nb = nbformat.read(spec["notebook"], as_version=4)
+    except BaseException as e:  # noqa: BLE001
+        emit(event="setup-error", error=f"{type(e).__name__}: {e}"[:500])
+        return 1
+
+    real_stdout = sys.stdout
+    out_file = open(workdir / "tmp" / "output.txt", "w", encoding="utf-8", errors="replace")
+    capped = _Capped(out_file, spec["output_bytes"], lambda: emit(event="output-capped"))
+    sys.stdout = sys.stderr = capped
+
+    state = {"oob": ""}
+    hook = _audit_hook(workdir, root, hidden, emit)
+    sys.addaudithook(hook)
+
+    transformer = TransformerManager()
+    ns = {"__name__": "__main__", "__builtins__": __builtins__}
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    for i, cell in enumerate(code_cells):
+        record = {"event": "cell", "index": i}
+        emit(event="started", index=i)
+        try:
+            source = transformer.transform_cell(cell.source)
+            code = compile(source, f"<cell {i + 1}>", "exec")
+        except (SyntaxError, ValueError) as e:
+            record.update(
+                error=f"{type(e).__name__}: {getattr(e, 'msg', e)} (line {getattr(e, 'lineno', '?')})", syntax=True
+            )
+            emit(**record)
+            continue
+        try:
+            exec(code, ns)
+        except BaseException as e:  # noqa: BLE001 - the student's error, reported; the next cell runs
+            record.update(_describe(e))
+        emit(**record)
+    sys.stdout.flush()
+    emit(event="executed")
+
+    # Only now do the tests exist in this process; a fresh copy of the checks is imported for them.
+    with os.fdopen(tests_fd, "rb") as f:
+        tests = json.loads(f.read() or b"{}")
+    for name in [m for m in sys.modules if m.startswith("kernels.checks")]:
+        del sys.modules[name]
+    for q in sorted(tests, key=_natural):
+        emit(event="started", question=q)
+        try:
+            tf = ExceptionTestFile.from_string(tests[q], path=q)
+            tf.run(ns)
+        except BaseException as e:  # noqa: BLE001
+            emit(
+                event="case",
+                question=q,
+                name=q,
+                hidden=False,
+                passed=False,
+                score=0.0,
+                possible=0.0,
+                message=f"the test could not run: {type(e).__name__}: {e}"[:2000],
+                **_describe(e),
+            )
+            continue
+        for result in tf.test_case_results:
+            case = result.test_case
+            message = result.message.replace("✅ Test case passed", "").replace("❌ Test case failed\n", "")
+            info = {}
+            if not result.passed and re.search(r"is not defined yet", message):
+                m = re.search(r": (\w+)(?: \([^)]*\))? is not defined yet", message)
+                info["missing"] = m.group(1) if m else q
+            if "out-of-bounds" in message:
+                info["out_of_bounds"] = re.search(r"out-of-bounds [^\n]*", message).group(0)[:500]
+            if "MemoryError" in message or "can't allocate memory" in message:
+                info["memory"] = True
+            emit(
+                event="case",
+                question=q,
+                name=case.name,
+                hidden=case.hidden,
+                passed=result.passed,
+                score=float(tf.score),
+                possible=float(tf.possible),
+                message=message.strip()[:4000],
+                **info,
+            )
+    sys.stdout = real_stdout
+    emit(event="done", oob=state["oob"])
+    out_file.close()
+    return 0
+
+
+def _describe(e: BaseException) -> dict:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    info = {"error": f"{type(e).__name__}: {first}"[:500]}
+    chain, seen = e, set()
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        text = f"{type(chain).__name__}: {chain}"
+        if isinstance(chain, MemoryError) or "can't allocate memory" in text or "std::bad_alloc" in text:
+            info["memory"] = True
+        if isinstance(chain, OutOfBounds) or "out-of-bounds tl." in text:
+            m = re.search(r"out-of-bounds tl\.[^\n'\"]*", text)
+            info["out_of_bounds"] = m.group(0) if m else text[:300]
+        chain = chain.__cause__ or chain.__context__
+    return info
+
+
+def _audit_hook(workdir: Path, root: Path, hidden: list, emit):
+    """An audit hook that refuses (and reports) reads of hidden paths, writes outside ``workdir``,
+    new processes and sockets."""
+    work = os.path.realpath(workdir)
+    hidden_real = [os.path.realpath(p) for p in hidden]
+    pid = os.getpid()
+    write_ok = ("/dev/null",)
+    reported = set()
+    busy = threading.local()
+
+    def inside(path, base):
+        return path == base or path.startswith(base + os.sep)
+
+    def refuse(status, detail):
+        if detail not in reported:
+            reported.add(detail)
+            emit(event="violation", status=status, detail=detail)
+        raise PermissionError(f"refused by the grader: {detail}")
+
+    def real(path):
+        if isinstance(path, bytes):
+            path = path.decode(errors="replace")
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        if not isinstance(path, str):
+            return None
+        return os.path.realpath(os.path.join(work, path)) if not os.path.isabs(path) else os.path.realpath(path)
+
+    def check_read(path, what):
+        p = real(path)
+        if p is None or inside(p, work):
+            return
+        for h in hidden_real:
+            if inside(p, h):
+                refuse("forbidden-read", f"{what} {p}: the solutions, tests and other submissions are off limits")
+        m = re.match(r"/proc/(\d+)(/|$)", p)
+        if m and int(m.group(1)) != pid:
+            refuse("forbidden-read", f"{what} {p}: another process's files are off limits")
+
+    def check_write(path, what):
+        p = real(path)
+        if p is None:
+            return
+        if not inside(p, work) and p not in write_ok:
+            refuse("forbidden-write", f"{what} {p}: outside the submission's folder")
+
+    def hook(event, args):
+        if getattr(busy, "on", False):
+            return
+        busy.on = True
+        try:
+            if event == "open":
+                path, mode, flags = (list(args) + [None, None, None])[:3]
+                if isinstance(path, int):
+                    return
+                writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                    isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+                )
+                if writing:
+                    check_write(path, "writing")
+                check_read(path, "opening")
+            elif event in ("os.listdir", "os.scandir", "glob.glob", "os.chdir"):
+                if args and args[0] is not None:
+                    check_read(args[0], "listing" if event != "os.chdir" else "entering")
+            elif event in (
+                "os.remove",
+                "os.rmdir",
+                "os.mkdir",
+                "os.chmod",
+                "os.chown",
+                "os.truncate",
+                "os.utime",
+                "shutil.rmtree",
+                "os.symlink",
+                "os.link",
+            ):
+                if args and not isinstance(args[0], int):
+                    check_write(
+                        args[0],
+                        {"os.remove": "deleting", "os.rmdir": "deleting", "shutil.rmtree": "deleting"}.get(
+                            event, event.split(".")[-1]
+                        ),
+                    )
+                if event in ("os.symlink", "os.link") and len(args) > 1:
+                    check_write(args[1], "linking")
+            elif event == "os.rename":
+                check_write(args[0], "renaming")
+                check_write(args[1], "renaming")
+            elif event in (
+                "subprocess.Popen",
+                "os.system",
+                "os.exec",
+                "os.posix_spawn",
+                "os.spawn",
+                "os.fork",
+                "os.forkpty",
+                "pty.spawn",
+            ):
+                refuse("forbidden-exec", f"starting a process ({event}): not allowed while grading")
+            elif event in ("socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo"):
+                target = args[:2] if event == "socket.getaddrinfo" else args[1:2]
+                target = ":".join(map(str, target[0] if len(target) == 1 and isinstance(target[0], tuple) else target))
+                refuse("forbidden-exec", f"network access ({event} {target}): not allowed while grading")
+        finally:
+            busy.on = False
+
+    return hook
+
+
+# ------------------------------------------------------------------------------------------------
+# Results on disk: atomic, resumable
+
+
+def _atomic_write(path: Path, text: str):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with _suppress():
+            os.unlink(tmp)
+        raise
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return True
+
+
+def result_key(sub: Submission, lab: Lab | None, limits: Limits) -> str:
+    parts = [
+        sub.sha256,
+        sub.student,
+        lab.name if lab else "",
+        lab.digest if lab else "",
+        str(GRADER_VERSION),
+        f"{limits.timeout_s}:{limits.memory_gb}:{limits.output_mb}",
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "unnamed"
+
+
+def feedback_markdown(result: dict) -> str:
+    lines = [f"# {result['lab']}: feedback for {result['student']}", ""]
+    lines.append(f"Score: **{result['total']:g} / {result['possible']:g}**  (status: `{result['status']}`)")
+    lines.append("")
+    for note in result["notes"]:
+        lines.append(f"* {note}")
+    if result["notes"]:
+        lines.append("")
+    for q, v in sorted(result["questions"].items(), key=lambda kv: _natural(kv[0])):
+        lines.append(f"## {q}: {v['points']:g} / {v['possible']:g}")
+        lines.append("")
+        if v["note"]:
+            lines.append(v["note"])
+            lines.append("")
+        for case in v["cases"]:
+            if case["hidden"]:
+                lines.append(f"* hidden test `{case['name']}`: {'passed' if case['passed'] else 'failed'}")
+            elif case["passed"]:
+                lines.append(f"* `{case['name']}`: passed")
+            else:
+                lines.append(f"* `{case['name']}`: failed")
+                lines.append("")
+                lines.append("  ```")
+                lines.extend("  " + line for line in _diagnosis(case["message"]).splitlines())
+                lines.append("  ```")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _diagnosis(message: str) -> str:
+    """The check's own message, without otter's quoting of the test file's source line."""
+    m = re.search(r"^Error at line \d+ in test [^\n]*\n(?:  [^\n]*\n)?(.*)$", message, flags=re.S)
+    text = m.group(1) if m else message
+    return re.sub(r"^AssertionError: ", "", text.strip())
+
+
+def write_csv(path: Path, results: list):
+    questions = sorted({q for r in results for q in r["questions"]}, key=_natural)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(
+        [
+            "student",
+            "lab",
+            *questions,
+            "total",
+            "possible",
+            "status",
+            "flags",
+            "detail",
+            "lab_from",
+            "submission",
+            "sha256",
+        ]
+    )
+    for r in sorted(results, key=lambda r: (r["lab"], r["student"], r["submission"])):
+        points = [f"{r['questions'][q]['points']:g}" if q in r["questions"] else "" for q in questions]
+        writer.writerow(
+            [
+                r["student"],
+                r["lab"],
+                *points,
+                f"{r['total']:g}",
+                f"{r['possible']:g}",
+                r["status"],
+                " ".join(r["flags"]),
+                "; ".join(r["notes"]),
+                r["lab_from"],
+                r["submission"],
+                r["sha256"],
+            ]
+        )
+    _atomic_write(path, buffer.getvalue())
+
+
+# ------------------------------------------------------------------------------------------------
+# The command
+
+
+def grade(
+    paths,
+    out: Path,
+    *,
+    labs: dict | None = None,
+    lab: str | None = None,
+    jobs: int = 1,
+    limits: Limits | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> list:
+    """Grade every notebook in ``paths`` into ``out``; returns the results (one dict per submission)."""
+    out = Path(out).resolve()
+    labs = labs if labs is not None else load_labs()
+    limits = limits or Limits(namespaces=namespaces_available())
+    if lab is not None and lab not in labs:
+        raise ValueError(f"lab: unknown lab {lab!r}; known: {', '.join(labs)}")
+    notebooks = find_notebooks(paths)
+    submissions = [identify(p, labs, lab) for p in notebooks]
+    folders = {p.resolve().parent for p in notebooks} | {Path(p).resolve() for p in paths if Path(p).is_dir()}
+    hidden = sorted({ROOT / "solutions", ROOT / "tests", out, *folders})
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="kernels-grade-"))
+    hidden.append(scratch)  # other submissions' sandboxes; a child's own folder stays visible
+
+    results, todo = {}, []
+    for sub in submissions:
+        key = result_key(sub, labs.get(sub.lab), limits)
+        stored = out / "results" / f"{key}.json"
+        if stored.is_file() and not force:
+            try:
+                results[key] = json.loads(stored.read_text())
+                continue
+            except ValueError:
+                pass
+        todo.append((key, sub))
+
+    def one(key, sub):
+        lab_ = labs.get(sub.lab)
+        if sub.notebook_error:
+            result = not_graded(sub, lab_, "not-a-notebook", sub.notebook_error)
+        elif lab_ is None:
+            result = not_graded(
+                sub,
+                None,
+                "unknown-lab",
+                f"no lab in the notebook's metadata or its file name (labs: {', '.join(labs)})",
+            )
+        else:
+            result = run_isolated(sub, lab_, limits, [h for h in hidden if h != scratch] + [scratch], scratch)
+        _atomic_write(out / "results" / f"{key}.json", json.dumps(result, indent=1))
+        _atomic_write(
+            out / "feedback" / _safe(result["lab"] or "unknown") / f"{_safe(result['student'])}.md",
+            feedback_markdown(result),
+        )
+        return key, result
+
+    bar = _progress_bar(
+        total=len(submissions),
+        initial=len(submissions) - len(todo),
+        desc="grading",
+        unit="notebook",
+        disable=not progress,
+        file=sys.stderr,
+    )
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = [pool.submit(one, key, sub) for key, sub in todo]
+            for future in as_completed(futures):
+                key, result = future.result()
+                results[key] = result
+                bar.set_postfix_str(f"{result['student']}: {result['status']}", refresh=False)
+                bar.update()
+                write_csv(out / "scores.csv", list(results.values()))
+    finally:
+        bar.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    write_csv(out / "scores.csv", list(results.values()))
+    return sorted(results.values(), key=lambda r: (r["lab"], r["student"], r["submission"]))
+
+
+class _TextBar:
+    """A one-line progress bar on stderr, for when tqdm is not installed."""
+
+    def __init__(self, total, initial=0, desc="", unit="", disable=False, file=sys.stderr):
+        self.total, self.n, self.desc, self.unit, self.disable, self.file = total, initial, desc, unit, disable, file
+        self.started, self.postfix = time.monotonic(), ""
+        self._draw()
+
+    def set_postfix_str(self, s, refresh=True):
+        self.postfix = s
+
+    def update(self, n=1):
+        self.n += n
+        self._draw()
+
+    def _draw(self, end="\r"):
+        if self.disable:
+            return
+        done = int(20 * self.n / self.total) if self.total else 20
+        elapsed = time.monotonic() - self.started
+        self.file.write(
+            f"{self.desc}: [{'#' * done}{'.' * (20 - done)}] {self.n}/{self.total} {self.unit}s "
+            f"{elapsed:.0f} s  {self.postfix}".ljust(100)
+            + end
+        )
+        self.file.flush()
+
+    def close(self):
+        self._draw(end="\n")
+
+
+def _progress_bar(**kwargs):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _TextBar(**kwargs)
+    return tqdm(**kwargs)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.grade", description=__doc__.splitlines()[0])
-    parser.add_argument("lab", type=Path, help="the generated lab notebook (labs/NN_name.ipynb)")
-    parser.add_argument("submissions", type=Path, nargs="+", help="submitted notebooks")
-    parser.add_argument("--csv", type=Path, help="also write the scores to this CSV file")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:
+        return _child(json.loads(argv[1]))
+    parser = argparse.ArgumentParser(
+        prog="python -m kernels.grade",
+        description=__doc__.splitlines()[0],
+        epilog="Statuses and the isolation guarantee: see the module's docstring.",
+    )
+    parser.add_argument("submissions", type=Path, nargs="+", help="submitted notebooks, or folders holding them")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("grades"),
+        help="where scores.csv, feedback/ and results/ go (default: %(default)s)",
+    )
+    parser.add_argument("--lab", help="grade every submission as this lab (default: from metadata or file name)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) // 2),
+        help="submissions graded side by side (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="wall-clock seconds per submission (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--memory-gb",
+        type=float,
+        default=DEFAULT_MEMORY_GB,
+        help="address-space limit per submission, GB (default: %(default)s; torch and triton alone take about 3.5)",
+    )
+    parser.add_argument(
+        "--output-mb",
+        type=float,
+        default=DEFAULT_OUTPUT_MB,
+        help="printed output kept per submission, MB (default: %(default)s)",
+    )
+    parser.add_argument("--force", action="store_true", help="regrade submissions already graded")
+    parser.add_argument(
+        "--no-namespaces",
+        action="store_true",
+        help="do not use unshare even where it works (the audit hook alone then isolates)",
+    )
+    parser.add_argument("--labs-dir", type=Path, default=ROOT / "labs", help="default: %(default)s")
+    parser.add_argument("--solutions-dir", type=Path, default=ROOT / "solutions", help="default: %(default)s")
     args = parser.parse_args(argv)
-    if not args.lab.is_file():
-        parser.error(f"lab: no such notebook {args.lab}")
-    missing = [str(s) for s in args.submissions if not s.is_file()]
+    missing = [str(s) for s in args.submissions if not s.exists()]
     if missing:
-        parser.error(f"submissions: no such file(s): {', '.join(missing)}")
-    tests = lab_tests(args.lab)
-    scores = []
-    for sub in args.submissions:
-        with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-            score = grade_one(sub, tests, Path(tmp))
-        scores.append(score)
-        detail = "  ".join(f"{q} {e:g}/{p:g}" for q, (e, p) in sorted(score.questions.items()))
-        print(f"{sub}: {score.earned:g}/{score.possible:g}  {detail}{'  ERROR ' + score.error if score.error else ''}")
-    if args.csv:
-        names = sorted(tests)
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["submission", "earned", "possible", *names, "error"])
-            for s in scores:
-                writer.writerow(
-                    [s.submission, s.earned, s.possible, *(s.questions.get(n, (0.0, 0.0))[0] for n in names), s.error]
-                )
+        parser.error(f"submissions: no such file(s) or folder(s): {', '.join(missing)}")
+    for name in ("timeout", "memory_gb", "output_mb", "jobs"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not args.labs_dir.is_dir():
+        parser.error(f"--labs-dir: no such folder {args.labs_dir}")
+    labs = load_labs(args.labs_dir, args.solutions_dir)
+    if args.lab is not None and args.lab not in labs:
+        parser.error(f"--lab: unknown lab {args.lab!r}; known: {', '.join(labs)}")
+    namespaces = not args.no_namespaces and namespaces_available()
+    print(
+        f"grading with {'user, mount and network namespaces (unshare -rmn) and' if namespaces else 'ONLY'} an audit "
+        f"hook; {args.timeout:g} s, {args.memory_gb:g} GB, {args.output_mb:g} MB of output per submission; "
+        f"{args.jobs} at a time",
+        file=sys.stderr,
+    )
+    limits = Limits(args.timeout, args.memory_gb, args.output_mb, namespaces)
+    results = grade(
+        args.submissions, args.out, labs=labs, lab=args.lab, jobs=args.jobs, limits=limits, force=args.force
+    )
+    counts = {}
+    for r in results:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: STATUS_ORDER.index(kv[0])))
+    print(
+        f"{len(results)} submissions graded ({summary}): {args.out / 'scores.csv'}, feedback in {args.out / 'feedback'}"
+    )
     return 0
 
 
