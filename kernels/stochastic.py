@@ -34,7 +34,8 @@ import kernels
 from kernels import formats
 
 TARGETS = ("bf16", "e4m3fn", "e5m2")
-BLOCK = 1024
+# Elements per program: an elementwise, memory-bound kernel; 8 warps keep 32 elements per thread in flight.
+BLOCK, WARPS = 8192, 8
 # At most this many dropped bits get random bits: uint32 arithmetic must not overflow (v < 2^31).
 RANDOM_BITS = 31
 
@@ -170,7 +171,9 @@ def stochastic_round(x: torch.Tensor, fmt: str, seed: int, saturate: bool | None
     n = x.numel()
     if n:
         y_int = y.view(torch.uint8 if y.element_size() == 1 else torch.int16)
-        _stochastic_kernel[(triton.cdiv(n, BLOCK),)](x, y_int, n, int(seed), **_params(fmt, saturate), BLOCK=BLOCK)
+        _stochastic_kernel[(triton.cdiv(n, BLOCK),)](
+            x, y_int, n, int(seed), **_params(fmt, saturate), BLOCK=BLOCK, num_warps=WARPS
+        )
     return y
 
 
