@@ -1,0 +1,821 @@
+"""FP4 (E2M1) with block scales: NVFP4 and MXFP4 quantizers, packing, dequantization, a weight-only
+W4A16 GEMM that dequantizes in registers, and a blockwise Hadamard rotation.
+
+The element format is E2M1 (:data:`kernels.formats.E2M1`): a sign and eight magnitudes
+``{0, 0.5, 1, 1.5, 2, 3, 4, 6}``, no inf, no NaN.  Four bits cannot carry a tensor's range, so every
+small block of consecutive elements along a row (the GEMM's K axis) shares a scale:
+
+* **MXFP4** (OCP MX v1.0): blocks of 32, one E8M0 byte each, ``S = 2^e`` with OCP's rule
+  ``e = floor(log2(block_amax)) - 2`` (2 is E2M1's largest exponent: 6 = 1.5 * 2^2), the same
+  computation as MXFP8's (:func:`kernels.quantize._e8m0_scale` with ``EMAX = 2``).  Elements whose
+  scaled value exceeds 6 saturate to 6.  4 + 8/32 = 4.25 bits per element.
+* **NVFP4**: blocks of 16, one E4M3 byte each, plus one fp32 scale for the whole tensor (two levels).
+  ``tensor_scale = amax / (448 * 6)`` and ``block_scale = e4m3(block_amax / (6 * tensor_scale))``, so
+  the block scales use E4M3's whole range; an element is reconstructed as
+  ``x ~= q * block_scale * tensor_scale``.  4 + 8/16 = 4.5 bits per element (the one fp32 is free).
+
+Conventions
+-----------
+* Scales are *reconstruction* scales: ``x ~= S * q``.  Per block, ``1 / S`` is computed once, correctly
+  rounded (``tl.math.div_rn`` in the kernels, IEEE ``/`` in the references), and each element is
+  multiplied by it; the references do the same fp32 operations in the same order, so kernel and
+  reference agree bit for bit.
+* Rounding to E2M1 is round to nearest, ties to even (even codes win: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1,
+  1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6; the sign of ``-0.0`` and of negative values
+  that round to zero is kept (code 8, ``-0``), as ml_dtypes' ``float4_e2m1fn`` does.  ``stochastic=True``
+  rounds up with probability equal to the distance from the lower neighbour (for gradients, as in the
+  NVFP4 training recipe), with Philox bits ``tl.randint(seed, i)`` for element ``i`` of the row-major
+  tensor (:func:`kernels.stochastic.random_bits` gives the same words on the host).
+* Packing: two codes per byte along the row, **element 2i in the low nibble, element 2i+1 in the high
+  nibble**, the order of ``torch.float4_e2m1fn_x2`` (``packed.view(torch.float4_e2m1fn_x2)`` is what
+  ``torch._scaled_mm`` reads).  Codes ``(M, K)`` -> bytes ``(M, K // 2)``.
+* Scale layouts, row-major, one per block: NVFP4 ``(M, K // 16)`` ``float8_e4m3fn`` and a 0-d fp32 tensor
+  scale; MXFP4 ``(M, K // 32)`` uint8 E8M0 (what ``tl.dot_scaled`` reads;
+  :func:`kernels.quantize.swizzle_mx_scales` gives cuBLAS's tiled order).  ``K`` must be a multiple of
+  the block size; the leading dimensions are flattened into rows.
+
+Policies
+--------
+* An all-zero block gets ``S = 1`` (E8M0 byte 127) in MXFP4 and block scale 0 in NVFP4 (E4M3 has a
+  zero); its codes are 0.  An all-zero tensor gets ``tensor_scale = 1``.  The tensor scale is floored at
+  2^-126 so that ``1 / S`` stays finite.
+* E2M1 has no NaN: a block holding NaN or +-inf gets the NaN *scale* (E8M0 0xFF, E4M3 0x7F) and codes 0,
+  so it dequantizes to NaN as a whole instead of silently turning into numbers.  Non-finite values do not
+  take part in any amax.
+* ``block_2d=True`` (NVFP4, weights in the training recipe): one scale per 16x16 tile, stored repeated
+  on each of the tile's 16 rows, so the layout and the dequantizer are the same.
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+import kernels
+from kernels import quantize, stochastic
+from kernels.quantize import _e8m0_scale, _finite_abs
+
+# -- formats and constants ------------------------------------------------------------------------
+
+E2M1_MAX = 6.0
+E2M1_EMAX = 2  # largest exponent of E2M1: 6 = 1.5 * 2^2
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitudes of codes 0..7; code | 8 is negative
+E4M3_MAX = 448.0
+NVFP4_BLOCK = 16
+MXFP4_BLOCK = 32
+FORMATS = {"nvfp4": NVFP4_BLOCK, "mxfp4": MXFP4_BLOCK}
+TENSOR_SCALE_DIVISOR = E4M3_MAX * E2M1_MAX  # 2688: tensor_scale = amax / 2688
+MIN_TENSOR_SCALE = 2.0**-126
+E8M0_NAN, E4M3_NAN = 0xFF, 0x7F
+FP32_MAX = 3.4028234663852886e38
+INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+HADAMARD_BLOCKS = (16, 32, 128)
+
+# Launch sizes.  The quantizer moves ~16 KB of bf16 per program (32 rows x 256 columns).
+QUANT_ROWS, QUANT_COLS, QUANT_WARPS = 32, 256, 8
+DEQUANT_ROWS, DEQUANT_COLS, DEQUANT_WARPS = 32, 256, 8
+HADAMARD_ROWS, HADAMARD_WARPS = 64, 4
+# The W4A16 GEMM on the GPU autotunes over these (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_M is
+# chosen from M (16 for decode).  At M <= 16 and N = 8192, BLOCK_N <= 64 gives >= 128 programs, one per
+# SM or more, each streaming its weight rows through the whole of K.
+W4A16_CONFIGS = [
+    (bn, bk, w, s) for bn in (32, 64, 128) for bk in (128, 256, 512) for w in (4, 8) for s in (3, 4) if bn * bk <= 32768
+]
+W4A16_CPU_CONFIG = (32, 64, 4, 1)  # the interpreter: one small config, no autotuning
+
+
+class FP4Tensor(NamedTuple):
+    """A block-scaled FP4 tensor: ``q`` packed codes (uint8, ``(..., K // 2)``), ``s`` block scales
+    (``float8_e4m3fn`` for NVFP4, uint8 E8M0 for MXFP4, ``(..., K // block)``), ``tensor_scale`` (0-d
+    fp32 for NVFP4, ``None`` for MXFP4) and ``fmt`` ("nvfp4" or "mxfp4")."""
+
+    q: torch.Tensor
+    s: torch.Tensor
+    tensor_scale: torch.Tensor | None
+    fmt: str
+
+    @property
+    def shape(self) -> tuple:
+        """The shape of the tensor the codes stand for: ``(..., K)``."""
+        return (*self.q.shape[:-1], self.q.shape[-1] * 2)
+
+
+# -- argument checks ------------------------------------------------------------------------------
+
+
+def _check_fmt(fmt) -> int:
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
+    return FORMATS[fmt]
+
+
+def _check_device(t: torch.Tensor, name: str) -> None:
+    if not kernels.INTERPRETER and t.device.type != "cuda":
+        raise ValueError(f"{name} is on {t.device}, but Triton compiles for the GPU here: pass {name}.cuda()")
+
+
+def _check_input(x, block: int, name: str = "x") -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{name} must have dtype bfloat16, float16 or float32, got {x.dtype}")
+    if x.dim() < 1:
+        raise ValueError(f"{name} must have at least one dimension (the K axis last), got a 0-d tensor")
+    if x.shape[-1] % block:
+        raise ValueError(f"{name}'s last dimension must be a multiple of the block size {block}, got {x.shape[-1]}")
+    _check_device(x, name)
+    return x.contiguous()
+
+
+def _check_seed(stochastic_rounding: bool, seed) -> int:
+    if not stochastic_rounding:
+        return 0
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+        raise ValueError(f"seed must be an int in [0, 2^31) for stochastic rounding, got {seed!r}")
+    return seed
+
+
+# -- shared pieces: E2M1 rounding, decoding and the scale rules ------------------------------------
+
+
+@triton.jit
+def _e2m1_rne(mag):
+    """|v| (fp32, >= 0, NaN allowed) -> E2M1 magnitude code 0..7, nearest, ties to the even code,
+    saturating at 6.  Each comparison is one boundary between neighbours; >= where the upper code is
+    even, > where it is odd, so ties go to even codes."""
+    c = (mag > 0.25).to(tl.int32) + (mag >= 0.75).to(tl.int32) + (mag > 1.25).to(tl.int32)
+    c += (mag >= 1.75).to(tl.int32) + (mag > 2.5).to(tl.int32) + (mag >= 3.5).to(tl.int32)
+    c += (mag > 5.0).to(tl.int32)
+    return c
+
+
+@triton.jit
+def _e2m1_stochastic(mag, r):
+    """|v| in [0, 6] and 32 random bits -> E2M1 magnitude code, rounded up with probability
+    (|v| - lo) / (hi - lo).  The grid step is 0.5 below 2, 1 below 4, then 2: all powers of two, so
+    lo, the fraction and the comparison are exact."""
+    step = tl.where(mag < 2.0, 0.5, tl.where(mag < 4.0, 1.0, 2.0))
+    inv_step = tl.where(mag < 2.0, 2.0, tl.where(mag < 4.0, 1.0, 0.5))
+    lo = tl.floor(mag * inv_step) * step  # exact: powers of two
+    frac = (mag - lo) * inv_step
+    u = (r >> 8).to(tl.float32) * 5.9604644775390625e-08  # 24 random bits -> [0, 1), exactly
+    v = tl.where(u < frac, lo + step, lo)
+    return _e2m1_rne(tl.minimum(v, 6.0))  # v is on the grid: the nearest code is v's own
+
+
+@triton.jit
+def _e2m1_to_bf16(c):
+    """E2M1 codes (int32, 0..15) -> bf16 values, exactly, by building bf16 bits: magnitudes 2..7 are
+    normal numbers whose bf16 pattern is ``(mag << 6) + 0x3F00``; 1 is 0.5 (0x3F00); 0 is 0."""
+    mag = c & 7
+    bits = tl.where(mag >= 2, (mag << 6) + 0x3F00, tl.where(mag == 1, 0x3F00, 0))
+    bits = bits | ((c & 8) << 12)  # sign: bit 3 of the code -> bit 15
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _e8m0_to_bf16(c):
+    """E8M0 bytes (int32) -> bf16 2^(c - 127), exactly (0 is the bf16 subnormal 2^-127, 255 NaN)."""
+    bits = tl.where(c == 0, 0x0040, c << 7)
+    bits = tl.where(c == 255, 0x7FC0, bits)
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _tensor_scale(amax):
+    """Tensor amax (fp32, finite, >= 0) -> NVFP4 tensor scale max(amax / 2688, 2^-126), 1 for 0."""
+    ts = tl.maximum(tl.math.div_rn(amax, 2688.0), 1.1754943508222875e-38)
+    return tl.where(amax == 0.0, 1.0, ts)
+
+
+def e2m1_rne_reference(mag: torch.Tensor) -> torch.Tensor:
+    """:func:`_e2m1_rne` in torch: magnitudes (fp32, >= 0) -> codes 0..7 (int32)."""
+    bounds = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+    c = torch.zeros(mag.shape, dtype=torch.int32, device=mag.device)
+    for b, inclusive in bounds:
+        c += (mag >= b if inclusive else mag > b).to(torch.int32)
+    return c
+
+
+def e2m1_stochastic_reference(mag: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """:func:`_e2m1_stochastic` in torch: magnitudes in [0, 6] and random words (int64 in [0, 2^32))."""
+    step = torch.where(mag < 2.0, 0.5, torch.where(mag < 4.0, 1.0, 2.0)).float()
+    inv_step = torch.where(mag < 2.0, 2.0, torch.where(mag < 4.0, 1.0, 0.5)).float()
+    lo = torch.floor(mag * inv_step) * step
+    frac = (mag - lo) * inv_step
+    u = (r >> 8).to(torch.float32) * 2.0**-24
+    v = torch.where(u < frac, lo + step, lo)
+    return e2m1_rne_reference(v.clamp(max=6.0))
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (integers, low 4 bits read) -> fp32 values, exactly; code 8 is -0.0."""
+    c = codes.to(torch.int64) & 0xF
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=c.device)
+    v = table[c & 7]
+    return torch.where((c & 8) != 0, -v, v)
+
+
+def e8m0_from_amax(amax: torch.Tensor, emax: int = E2M1_EMAX) -> torch.Tensor:
+    """OCP's MX scale byte for any element format: ``e = floor(log2(amax)) - emax`` clamped to
+    [-127, 127], byte ``e + 127``; 127 (S = 1) for amax 0.  :func:`kernels.quantize.e8m0_from_amax`
+    with ``rounding="floor"`` is this rule for the FP8 elements (emax 8 or 15); this is the same bits
+    arithmetic with ``emax`` as a parameter (2 for E2M1)."""
+    bits = amax.float().contiguous().view(torch.int32)
+    e = ((bits >> 23) - 127 - emax).clamp(-127, 127)
+    e = torch.where(amax == 0, torch.zeros_like(e), e)
+    return (e + 127).to(torch.uint8)
+
+
+def tensor_scale_reference(amax: torch.Tensor) -> torch.Tensor:
+    """NVFP4's tensor scale for a tensor amax: ``max(amax / 2688, 2^-126)``, 1 for amax 0."""
+    amax = amax.float()
+    ts = torch.clamp(amax / TENSOR_SCALE_DIVISOR, min=MIN_TENSOR_SCALE)
+    return torch.where(amax == 0, torch.ones_like(ts), ts)
+
+
+# -- packing --------------------------------------------------------------------------------------
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes ``(..., K)`` (integers in [0, 16)) -> bytes ``(..., K // 2)``: element 2i in the low
+    nibble, element 2i+1 in the high nibble (``torch.float4_e2m1fn_x2``'s order)."""
+    if not isinstance(codes, torch.Tensor) or codes.dtype.is_floating_point or codes.dtype == torch.bool:
+        raise TypeError(f"codes must be an integer tensor of E2M1 codes, got {getattr(codes, 'dtype', type(codes))}")
+    if codes.dim() < 1 or codes.shape[-1] % 2:
+        raise ValueError(f"codes must have an even last dimension to pack two per byte, got {tuple(codes.shape)}")
+    if codes.numel() and (codes.min() < 0 or codes.max() > 15):
+        raise ValueError("codes must be in [0, 16): E2M1 codes are 4 bits")
+    c = codes.to(torch.uint8)
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """Bytes ``(..., K // 2)`` -> codes ``(..., K)`` (uint8), the inverse of :func:`pack`."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype not in (torch.uint8, torch.float4_e2m1fn_x2):
+        raise TypeError(f"packed must be a uint8 (or float4_e2m1fn_x2) tensor, got {getattr(packed, 'dtype', packed)}")
+    p = packed.view(torch.uint8)
+    return torch.stack((p & 0xF, p >> 4), dim=-1).reshape(*p.shape[:-1], p.shape[-1] * 2)
+
+
+# -- quantization kernels -------------------------------------------------------------------------
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr,
+    q_ptr,  # (M, K // 2) uint8
+    s_ptr,  # (M, K // BS) uint8: E4M3 or E8M0 bytes
+    amax_ptr,  # NVFP4: the tensor amax (fp32), when TS_GIVEN is False
+    ts_ptr,  # NVFP4: the tensor scale: read if TS_GIVEN, else written by program (0, 0)
+    seed,
+    M,
+    K,
+    BS: tl.constexpr,  # block size: 16 (NVFP4) or 32 (MXFP4)
+    NV: tl.constexpr,
+    TS_GIVEN: tl.constexpr,
+    BLOCK_2D: tl.constexpr,  # one scale per 16x16 tile (NVFP4 weights)
+    STOCHASTIC: tl.constexpr,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    G: tl.constexpr = COLS // BS
+    rows = pid_m * ROWS + tl.arange(0, ROWS)
+    cols = pid_k * COLS + tl.arange(0, COLS)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]  # (ROWS, COLS)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    xg = tl.reshape(x, (ROWS, G, BS))
+    amax = tl.max(_finite_abs(xg), axis=2)  # (ROWS, G)
+    bad = tl.max((tl.abs(xg) == float("inf")).to(tl.int32) + (xg != xg).to(tl.int32), axis=2) > 0
+    if BLOCK_2D:
+        tile = tl.max(tl.reshape(amax, (ROWS // 16, 16, G)), axis=1)  # (ROWS // 16, G)
+        amax = tl.reshape(tl.broadcast_to(tile[:, None, :], (ROWS // 16, 16, G)), (ROWS, G))
+        bad_tile = tl.max(tl.reshape(bad.to(tl.int32), (ROWS // 16, 16, G)), axis=1)
+        bad = tl.reshape(tl.broadcast_to(bad_tile[:, None, :], (ROWS // 16, 16, G)), (ROWS, G)) > 0
+    if NV:
+        if TS_GIVEN:
+            ts = tl.load(ts_ptr)
+        else:
+            ts = _tensor_scale(tl.load(amax_ptr))
+            if (pid_m == 0) & (pid_k == 0):
+                tl.store(ts_ptr, ts)
+        sb = tl.minimum(tl.math.div_rn(amax, 6.0 * ts), 448.0)
+        sb8 = sb.to(tl.float8e4nv)
+        code_s = tl.where(bad, 0x7F, sb8.to(tl.uint8, bitcast=True).to(tl.int32))
+        denom = sb8.to(tl.float32) * ts
+        inv = tl.minimum(tl.math.div_rn(1.0, tl.where(denom > 0.0, denom, 1.0)), 3.4028234663852886e38)
+        inv = tl.where(denom > 0.0, inv, 0.0)  # a zero block scale: codes 0
+    else:
+        c8, inv = _e8m0_scale(amax, 2, False)
+        code_s = tl.where(bad, 0xFF, c8.to(tl.int32))
+    v = xg * inv[:, :, None]  # (ROWS, G, BS)
+    mag = tl.minimum(tl.abs(v), 6.0)
+    if STOCHASTIC:
+        r = tl.randint(seed, tl.reshape(offs.to(tl.int32), (ROWS, G, BS))).to(tl.uint32, bitcast=True)
+        c = _e2m1_stochastic(mag, r)
+    else:
+        c = _e2m1_rne(mag)
+    c = c | ((xg.to(tl.uint32, bitcast=True) >> 31).to(tl.int32) << 3)  # the sign, -0.0 included
+    c = tl.where(bad[:, :, None] | (xg != xg) | (tl.abs(xg) == float("inf")), 0, c)
+    lo, hi = tl.split(tl.reshape(c, (ROWS, COLS // 2, 2)))  # elements 2i and 2i+1
+    byte = (lo | (hi << 4)).to(tl.uint8)
+    cols2 = pid_k * (COLS // 2) + tl.arange(0, COLS // 2)
+    q_offs = rows.to(tl.int64)[:, None] * (K // 2) + cols2[None, :]
+    tl.store(q_ptr + q_offs, byte, mask=(rows[:, None] < M) & (cols2[None, :] < K // 2))
+    gcols = pid_k * G + tl.arange(0, G)
+    s_offs = rows.to(tl.int64)[:, None] * (K // BS) + gcols[None, :]
+    tl.store(s_ptr + s_offs, code_s.to(tl.uint8), mask=(rows[:, None] < M) & (gcols[None, :] < K // BS))
+
+
+def _quantize(x, fmt, tensor_scale, block_2d, stochastic_rounding, seed) -> FP4Tensor:
+    bs = _check_fmt(fmt)
+    x = _check_input(x, bs)
+    seed = _check_seed(stochastic_rounding, seed)
+    if block_2d and fmt != "nvfp4":
+        raise ValueError("block_2d=True is NVFP4's 16x16 weight tiling; MXFP4 scales 1x32 blocks")
+    if tensor_scale is not None and fmt != "nvfp4":
+        raise ValueError("tensor_scale is NVFP4's second level; MXFP4 has no tensor scale")
+    x2 = x.reshape(-1, x.shape[-1])
+    m, k = x2.shape
+    q = torch.empty((*x.shape[:-1], k // 2), dtype=torch.uint8, device=x.device)
+    s = torch.empty((*x.shape[:-1], k // bs), dtype=torch.uint8, device=x.device)
+    nv = fmt == "nvfp4"
+    ts = amax = None
+    if nv:
+        if tensor_scale is not None:
+            if not isinstance(tensor_scale, torch.Tensor) or tensor_scale.numel() != 1:
+                raise ValueError(f"tensor_scale must be a one-element fp32 tensor, got {tensor_scale!r}")
+            if tensor_scale.device != x.device:
+                raise ValueError(f"tensor_scale is on {tensor_scale.device} but x is on {x.device}")
+            ts = tensor_scale.float().reshape(())
+        else:
+            amax = quantize.tensor_amax(x) if x.numel() else torch.zeros((), device=x.device)
+            ts = torch.empty((), dtype=torch.float32, device=x.device)
+    if x.numel():
+        grid = (triton.cdiv(m, QUANT_ROWS), triton.cdiv(k, QUANT_COLS))
+        dummy = s  # MXFP4 reads neither amax nor the tensor scale
+        _quantize_kernel[grid](
+            x2, q, s, amax if amax is not None else dummy, ts if ts is not None else dummy, seed, m, k,
+            BS=bs, NV=nv, TS_GIVEN=tensor_scale is not None, BLOCK_2D=block_2d, STOCHASTIC=stochastic_rounding,
+            ROWS=QUANT_ROWS, COLS=QUANT_COLS, num_warps=QUANT_WARPS,
+        )  # fmt: skip
+    elif nv and tensor_scale is None:
+        ts = tensor_scale_reference(amax)
+    if nv:
+        s = s.view(torch.float8_e4m3fn)
+    return FP4Tensor(q, s, ts, fmt)
+
+
+def quantize_nvfp4(
+    x: torch.Tensor,
+    tensor_scale: torch.Tensor | None = None,
+    block_2d: bool = False,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
+) -> FP4Tensor:
+    """NVFP4: E2M1 codes in blocks of 16 along the last axis, an E4M3 scale per block and an fp32 tensor
+    scale.  Without ``tensor_scale`` it is computed from this tensor's amax (a reduction pass first:
+    the input is read twice); with one (a 0-d fp32 device tensor, e.g. from calibration) one pass."""
+    return _quantize(x, "nvfp4", tensor_scale, block_2d, stochastic_rounding, seed)
+
+
+def quantize_mxfp4(x: torch.Tensor, stochastic_rounding: bool = False, seed: int = 0) -> FP4Tensor:
+    """MXFP4: E2M1 codes in blocks of 32 along the last axis, an E8M0 scale per block (OCP's floor rule)."""
+    return _quantize(x, "mxfp4", None, False, stochastic_rounding, seed)
+
+
+def quantize_fp4(x: torch.Tensor, fmt: str, **kw) -> FP4Tensor:
+    """:func:`quantize_nvfp4` or :func:`quantize_mxfp4` by name."""
+    _check_fmt(fmt)
+    return quantize_nvfp4(x, **kw) if fmt == "nvfp4" else quantize_mxfp4(x, **kw)
+
+
+def quantize_fp4_reference(
+    x: torch.Tensor,
+    fmt: str,
+    tensor_scale: torch.Tensor | None = None,
+    block_2d: bool = False,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
+) -> FP4Tensor:
+    """Plain-torch :func:`quantize_fp4`, bit for bit (codes, scales, tensor scale)."""
+    bs = _check_fmt(fmt)
+    x = _check_input(x, bs)
+    seed = _check_seed(stochastic_rounding, seed)
+    if block_2d and fmt != "nvfp4":
+        raise ValueError("block_2d=True is NVFP4's 16x16 weight tiling; MXFP4 scales 1x32 blocks")
+    if tensor_scale is not None and fmt != "nvfp4":
+        raise ValueError("tensor_scale is NVFP4's second level; MXFP4 has no tensor scale")
+    xf = x.reshape(-1, x.shape[-1]).float()
+    m, k = xf.shape
+    xg = xf.reshape(m, k // bs, bs)
+    finite = torch.isfinite(xg)
+    a = torch.where(finite, xg.abs(), torch.zeros_like(xg))
+    amax = a.amax(dim=-1) if xg.numel() else torch.zeros(m, k // bs, device=x.device)  # (M, K // BS)
+    bad = (~finite).any(dim=-1)
+    if block_2d:
+        pad = (-m) % 16
+        tile = torch.nn.functional.pad(amax, (0, 0, 0, pad)).reshape(-1, 16, k // bs).amax(dim=1)
+        amax = tile.repeat_interleave(16, 0)[:m]
+        bad_t = torch.nn.functional.pad(bad, (0, 0, 0, pad)).reshape(-1, 16, k // bs).any(dim=1)
+        bad = bad_t.repeat_interleave(16, 0)[:m]
+    ts = None
+    if fmt == "nvfp4":
+        if tensor_scale is not None:
+            ts = tensor_scale.float().reshape(())
+        else:
+            ts = tensor_scale_reference(a.amax() if a.numel() else torch.zeros((), device=x.device))
+        sb8 = (amax / (6.0 * ts)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+        s_codes = torch.where(bad, torch.full_like(sb8.view(torch.uint8), E4M3_NAN), sb8.view(torch.uint8))
+        denom = sb8.float() * ts
+        inv = torch.where(denom > 0, (1.0 / denom).clamp(max=FP32_MAX), torch.zeros_like(denom))
+    else:
+        c8 = e8m0_from_amax(amax, E2M1_EMAX)
+        s_codes = torch.where(bad, torch.full_like(c8, E8M0_NAN), c8)
+        inv = ((254 - c8.to(torch.int32)) << 23).view(torch.float32)  # 2^-e
+    mag = (xg * inv[..., None]).abs().clamp(max=E2M1_MAX)
+    if stochastic_rounding:
+        r = stochastic.random_bits(m * k, seed, device=x.device).to(x.device).reshape(m, k // bs, bs)
+        c = e2m1_stochastic_reference(mag, r)
+    else:
+        c = e2m1_rne_reference(mag)
+    sign = (xg.view(torch.int32) < 0).to(torch.int32)
+    c = c | (sign << 3)
+    c = torch.where(bad[..., None] | ~finite, torch.zeros_like(c), c)
+    q = pack(c.reshape(m, k)).reshape(*x.shape[:-1], k // 2)
+    s = s_codes.reshape(*x.shape[:-1], k // bs)
+    if fmt == "nvfp4":
+        s = s.view(torch.float8_e4m3fn)
+    return FP4Tensor(q, s, ts, fmt)
+
+
+# -- dequantization ---------------------------------------------------------------------------------
+
+
+def _check_fp4(t) -> int:
+    if not isinstance(t, FP4Tensor):
+        raise TypeError(f"expected an FP4Tensor (from quantize_nvfp4 / quantize_mxfp4), got {type(t).__name__}")
+    bs = _check_fmt(t.fmt)
+    if t.q.dtype != torch.uint8:
+        raise TypeError(f"q must be uint8 packed codes, got {t.q.dtype}")
+    want_s = torch.float8_e4m3fn if t.fmt == "nvfp4" else torch.uint8
+    if t.s.dtype != want_s:
+        raise TypeError(f"s must have dtype {want_s} for {t.fmt}, got {t.s.dtype}")
+    k = t.q.shape[-1] * 2
+    if k % bs or t.s.shape != (*t.q.shape[:-1], k // bs):
+        raise ValueError(
+            f"s has shape {tuple(t.s.shape)}, but codes of shape {t.shape} need {(*t.q.shape[:-1], k // bs)}"
+        )
+    if t.fmt == "nvfp4" and (not isinstance(t.tensor_scale, torch.Tensor) or t.tensor_scale.numel() != 1):
+        raise ValueError("an NVFP4 tensor needs its one-element fp32 tensor_scale")
+    return bs
+
+
+@triton.jit
+def _dequantize_kernel(
+    q_ptr, s_ptr, ts_ptr, y_ptr, M, K, BS: tl.constexpr, NV: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    G: tl.constexpr = COLS // BS
+    rows = pid_m * ROWS + tl.arange(0, ROWS)
+    cols2 = pid_k * (COLS // 2) + tl.arange(0, COLS // 2)
+    rmask = rows[:, None] < M
+    b = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 2) + cols2[None, :], mask=rmask & (cols2[None, :] < K // 2))
+    b = b.to(tl.int32)
+    c = tl.reshape(tl.join(b & 0xF, b >> 4), (ROWS, G, BS))  # low nibble first: element 2i, then 2i+1
+    q = _e2m1_to_bf16(c).to(tl.float32)
+    gcols = pid_k * G + tl.arange(0, G)
+    s = tl.load(
+        s_ptr + rows.to(tl.int64)[:, None] * (K // BS) + gcols[None, :], mask=rmask & (gcols[None, :] < K // BS)
+    )
+    if NV:
+        sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        y = (q * sf[:, :, None]) * tl.load(ts_ptr)  # q * block scale is exact; one rounding with the tensor scale
+    else:
+        y = q * _e8m0_to_bf16(s.to(tl.int32)).to(tl.float32)[:, :, None]
+    cols = pid_k * COLS + tl.arange(0, COLS)
+    tl.store(
+        y_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
+        tl.reshape(y, (ROWS, COLS)).to(y_ptr.dtype.element_ty),
+        mask=rmask & (cols[None, :] < K),
+    )
+
+
+def dequantize_fp4(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
+    """``q * S`` for every element (NVFP4: ``(q * block_scale) * tensor_scale``); fp32 is exact for
+    MXFP4 and one rounding for NVFP4, bf16/fp16 one rounding more.  A NaN scale gives NaN."""
+    bs = _check_fp4(t)
+    if out_dtype not in INPUT_DTYPES:
+        raise ValueError(f"out_dtype must be torch.float32, torch.bfloat16 or torch.float16, got {out_dtype}")
+    _check_device(t.q, "t.q")
+    q2 = t.q.reshape(-1, t.q.shape[-1]).contiguous()
+    s2 = t.s.reshape(-1, t.s.shape[-1]).contiguous().view(torch.uint8)
+    m, k = q2.shape[0], q2.shape[1] * 2
+    y = torch.empty((m, k), dtype=out_dtype, device=t.q.device)
+    if y.numel():
+        ts = t.tensor_scale.float().reshape(1) if t.fmt == "nvfp4" else s2
+        grid = (triton.cdiv(m, DEQUANT_ROWS), triton.cdiv(k, DEQUANT_COLS))
+        _dequantize_kernel[grid](
+            q2, s2, ts, y, m, k, BS=bs, NV=t.fmt == "nvfp4", ROWS=DEQUANT_ROWS, COLS=DEQUANT_COLS,
+            num_warps=DEQUANT_WARPS,
+        )  # fmt: skip
+    return y.reshape(t.shape)
+
+
+def dequantize_fp4_reference(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
+    """Plain-torch :func:`dequantize_fp4`."""
+    bs = _check_fp4(t)
+    q = e2m1_decode(unpack(t.q))  # (..., K)
+    shape = q.shape
+    qg = q.reshape(*shape[:-1], shape[-1] // bs, bs)
+    if t.fmt == "nvfp4":
+        y = (qg * t.s.float()[..., None]) * t.tensor_scale.float()
+    else:
+        y = qg * quantize.e8m0_to_float(t.s)[..., None]
+    return y.reshape(shape).to(out_dtype)
+
+
+def fake_quantize(x: torch.Tensor, fmt: str, rotate_block: int | None = None, **kw) -> torch.Tensor:
+    """Quantize then dequantize (fp32), optionally inside a blockwise Hadamard rotation (rotate, round,
+    rotate back): the error a weight or activation carries into the matmul."""
+    if rotate_block is not None:
+        signs = random_signs(rotate_block, device=x.device)
+        xr = hadamard_rotate(x, rotate_block, signs).float()
+        back = dequantize_fp4(quantize_fp4(xr, fmt, **kw))
+        return hadamard_rotate(back, rotate_block, signs, inverse=True)
+    return dequantize_fp4(quantize_fp4(x, fmt, **kw))
+
+
+def bits_per_element(fmt: str, shape=(8192, 8192)) -> float:
+    """Stored bits per element, scales included: 4 + 8 / block (+ 32 bits of tensor scale for NVFP4,
+    spread over the tensor)."""
+    bs = _check_fmt(fmt)
+    m, k = shape
+    total = m * k * 4 + m * (k // bs) * 8 + (32 if fmt == "nvfp4" else 0)
+    return total / (m * k)
+
+
+# -- the W4A16 GEMM: packed FP4 weights dequantized in registers, bf16 tensor cores -----------------
+
+
+@triton.jit
+def _w4a16_kernel(
+    a_ptr,  # (M, K) bf16 activations
+    q_ptr,  # (N, K // 2) uint8 packed weights
+    s_ptr,  # (N, K // BS) uint8 block scales
+    ts_ptr,  # NVFP4: the tensor scale (fp32)
+    c_ptr,  # (M, N) bf16
+    M,
+    N,
+    K,
+    stride_am,
+    stride_cm,
+    BS: tl.constexpr,
+    NV: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K a multiple of BLOCK_K: no masks in the loop
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    rk2 = tl.arange(0, BLOCK_K // 2)
+    rg = tl.arange(0, BLOCK_K // BS)
+    m_ok = rm[:, None] < M
+    n_ok = rn[:, None] < N
+    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + rk[None, :]
+    q_ptrs = q_ptr + rn.to(tl.int64)[:, None] * (K // 2) + rk2[None, :]
+    s_ptrs = s_ptr + rn.to(tl.int64)[:, None] * (K // BS) + rg[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=m_ok, other=0.0)
+            b = tl.load(q_ptrs, mask=n_ok, other=0)
+            s = tl.load(s_ptrs, mask=n_ok, other=0)
+        else:
+            a = tl.load(a_ptrs, mask=m_ok & (k0 + rk[None, :] < K), other=0.0)
+            b = tl.load(q_ptrs, mask=n_ok & (k0 // 2 + rk2[None, :] < K // 2), other=0)
+            s = tl.load(s_ptrs, mask=n_ok & (k0 // BS + rg[None, :] < K // BS), other=0)
+        b = b.to(tl.int32)
+        w = _e2m1_to_bf16(tl.reshape(tl.join(b & 0xF, b >> 4), (BLOCK_N, BLOCK_K // BS, BS)))
+        if NV:
+            sw = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)  # exact: E4M3 values fit bf16
+        else:
+            sw = _e8m0_to_bf16(s.to(tl.int32))
+        # q * block scale is exact in bf16 (2 + 4 significant bits at most); the tensor scale waits
+        w = tl.reshape(w * sw[:, :, None], (BLOCK_N, BLOCK_K))
+        acc = tl.dot(a, tl.trans(w), acc)
+        a_ptrs += BLOCK_K
+        q_ptrs += BLOCK_K // 2
+        s_ptrs += BLOCK_K // BS
+    if NV:
+        acc = acc * tl.load(ts_ptr)
+    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
+    tl.store(c_ptrs, acc.to(tl.bfloat16), mask=m_ok & (rn[None, :] < N))
+
+
+def _w4a16_configs():
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in W4A16_CONFIGS]
+
+
+_w4a16_tuned = triton.autotune(configs=_w4a16_configs(), key=["M", "N", "K", "BS", "NV"])(_w4a16_kernel)
+
+
+def w4a16_matmul(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
+    """``a @ W^T`` with ``a`` bf16 ``(..., K)`` and ``W`` an FP4 weight ``(N, K)`` (NVFP4 or MXFP4):
+    the packed codes and scales are read from memory and dequantized in registers, the product runs on
+    bf16 tensor cores with fp32 accumulation (the NVFP4 tensor scale multiplies the accumulator) and the
+    output is bf16 ``(..., N)``."""
+    bs = _check_fp4(w)
+    if not isinstance(a, torch.Tensor) or a.dtype != torch.bfloat16:
+        raise TypeError(f"a must be a bfloat16 tensor of activations, got {getattr(a, 'dtype', type(a))}")
+    if w.q.dim() != 2:
+        raise ValueError(f"the weight must be a 2-D (N, K) matrix, got codes of shape {tuple(w.q.shape)}")
+    n, k = w.shape
+    if a.dim() < 1 or a.shape[-1] != k:
+        raise ValueError(f"a's last dimension must be K = {k} (the weight's), got shape {tuple(a.shape)}")
+    _check_device(a, "a")
+    if a.device != w.q.device:
+        raise ValueError(f"a is on {a.device} but the weight is on {w.q.device}")
+    a2 = a.reshape(-1, k).contiguous()
+    m = a2.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    if c.numel() == 0:
+        return c.reshape(*a.shape[:-1], n)
+    if k == 0:
+        return c.zero_().reshape(*a.shape[:-1], n)
+    s = w.s.view(torch.uint8).contiguous()
+    ts = w.tensor_scale.float().reshape(1) if w.fmt == "nvfp4" else s
+    block_m = min(max(16, triton.next_power_of_2(m)), 64)
+    args = (a2, w.q.contiguous(), s, ts, c, m, n, k, a2.stride(0), c.stride(0))
+    if kernels.INTERPRETER:
+        bn, bk, _, _ = W4A16_CPU_CONFIG
+        grid = (triton.cdiv(n, bn), triton.cdiv(m, block_m))
+        _w4a16_kernel[grid](
+            *args, BS=bs, NV=w.fmt == "nvfp4", EVEN_K=k % bk == 0, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk
+        )
+    elif k % max(c[1] for c in W4A16_CONFIGS):  # an odd K: one fixed config with masks in the loop
+        bn, bk = 64, 128
+        grid = (triton.cdiv(n, bn), triton.cdiv(m, block_m))
+        _w4a16_kernel[grid](
+            *args, BS=bs, NV=w.fmt == "nvfp4", EVEN_K=k % bk == 0, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk,
+            num_warps=4, num_stages=3,
+        )  # fmt: skip
+    else:
+
+        def grid(meta):
+            return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, block_m))
+
+        _w4a16_tuned[grid](*args, BS=bs, NV=w.fmt == "nvfp4", EVEN_K=True, BLOCK_M=block_m)
+    return c.reshape(*a.shape[:-1], n)
+
+
+def w4a16_matmul_reference(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
+    """Dequantize then matmul, in float64 (the accuracy reference: exact products, one rounding)."""
+    wd = dequantize_fp4_reference(w).double()
+    return (a.double() @ wd.T).to(torch.bfloat16)
+
+
+# -- blockwise Hadamard rotation -------------------------------------------------------------------
+
+
+def hadamard_matrix(block: int, dtype=torch.float32, device="cpu", normalized: bool = True) -> torch.Tensor:
+    """Sylvester's Hadamard matrix of order ``block`` (a power of two): entries +-1, or +-1/sqrt(block)
+    with ``normalized`` (then orthonormal and symmetric: H @ H = I)."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or block & (block - 1):
+        raise ValueError(f"block must be a power of two, got {block!r}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < block:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    if normalized:
+        h = h / math.sqrt(block)
+    return h.to(dtype=dtype, device=device)
+
+
+def random_signs(block: int, seed: int = 0, device="cpu") -> torch.Tensor:
+    """The random +-1 diagonal of a Random Hadamard Transform (fp32, ``(block,)``), reproducible."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 2, (block,), generator=g) * 2 - 1).to(torch.float32).to(device)
+
+
+@triton.jit
+def _hadamard_kernel(
+    x_ptr, h_ptr, d_ptr, y_ptr, M, K, scale, B: tl.constexpr, ROWS: tl.constexpr, INVERSE: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m * ROWS + tl.arange(0, ROWS)
+    cols = pid_k * B + tl.arange(0, B)
+    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    mask = rows[:, None] < M
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    hb = tl.arange(0, B)
+    h = tl.load(h_ptr + hb[:, None] * B + hb[None, :])  # (B, B) of +-1, exact in any dtype
+    d = tl.load(d_ptr + hb).to(x.dtype)  # the random signs, +-1
+    if INVERSE:
+        # y = (x H / sqrt(B)) * d: undo the rotation (H is symmetric, so H^T = H)
+        if IEEE:
+            y = tl.dot(x, h.to(x.dtype), input_precision="ieee")
+        else:
+            y = tl.dot(x, h.to(x.dtype))
+        y = y * scale * d.to(tl.float32)[None, :]
+    else:
+        # y = (x * d) H / sqrt(B): the sign flips are exact, the +-1 products too; fp32 sums
+        xd = x * d[None, :]
+        if IEEE:
+            y = tl.dot(xd, h.to(x.dtype), input_precision="ieee")
+        else:
+            y = tl.dot(xd, h.to(x.dtype))
+        y = y * scale
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_hadamard(x, block, signs):
+    if block not in HADAMARD_BLOCKS:
+        raise ValueError(f"block must be one of {HADAMARD_BLOCKS}, got {block!r}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"x must have dtype bfloat16, float16 or float32, got {x.dtype}")
+    if x.dim() < 1 or x.shape[-1] % block:
+        raise ValueError(f"x's last dimension must be a multiple of block = {block}, got shape {tuple(x.shape)}")
+    if signs is None:
+        signs = torch.ones(block, dtype=torch.float32, device=x.device)
+    if not isinstance(signs, torch.Tensor) or signs.shape != (block,):
+        raise ValueError(f"signs must be a ({block},) tensor of +-1, got {getattr(signs, 'shape', signs)}")
+    if not bool(((signs == 1) | (signs == -1)).all()):
+        raise ValueError("signs must hold only +1 and -1 (a rotation must stay orthogonal)")
+    return x.contiguous(), signs.float().to(x.device)
+
+
+def hadamard_rotate(x: torch.Tensor, block: int, signs: torch.Tensor | None = None, inverse: bool = False):
+    """Rotate each block of ``block`` consecutive elements along the last axis by the orthonormal
+    ``R = diag(signs) H / sqrt(block)``: ``y = x R`` (``inverse``: ``x = y R^T``).  Applied to both
+    operands of ``a @ w.T`` along K, the product is unchanged: ``(a R)(w R)^T = a R R^T w^T = a w^T``.
+    Output in ``x``'s dtype; fp32 accumulation (fp32 inputs: IEEE fp32 dot, no TF32)."""
+    x, signs = _check_hadamard(x, block, signs)
+    _check_device(x, "x")
+    x2 = x.reshape(-1, x.shape[-1])
+    m, k = x2.shape
+    y = torch.empty_like(x2)
+    if y.numel():
+        h = hadamard_matrix(block, dtype=torch.bfloat16 if x.dtype != torch.float32 else torch.float32,
+                            device=x.device, normalized=False)  # fmt: skip
+        grid = (triton.cdiv(m, HADAMARD_ROWS), k // block)
+        _hadamard_kernel[grid](
+            x2, h, signs, y, m, k, 1.0 / math.sqrt(block), B=block, ROWS=HADAMARD_ROWS, INVERSE=inverse,
+            IEEE=x.dtype == torch.float32, num_warps=HADAMARD_WARPS,
+        )  # fmt: skip
+    return y.reshape(x.shape)
+
+
+def hadamard_rotate_reference(x: torch.Tensor, block: int, signs: torch.Tensor | None = None, inverse: bool = False):
+    """Plain-torch :func:`hadamard_rotate`, in float64, rounded once to ``x``'s dtype."""
+    x, signs = _check_hadamard(x, block, signs)
+    h = hadamard_matrix(block, dtype=torch.float64, device=x.device)
+    r = signs.double()[:, None] * h  # diag(d) H / sqrt(B)
+    xb = x.double().reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    y = xb @ (r.T if inverse else r)
+    return y.reshape(x.shape).to(x.dtype)
+
+
+__all__ = [
+    "E2M1_MAX",
+    "E2M1_VALUES",
+    "FORMATS",
+    "HADAMARD_BLOCKS",
+    "MXFP4_BLOCK",
+    "NVFP4_BLOCK",
+    "W4A16_CONFIGS",
+    "FP4Tensor",
+    "bits_per_element",
+    "dequantize_fp4",
+    "dequantize_fp4_reference",
+    "e2m1_decode",
+    "e2m1_rne_reference",
+    "e8m0_from_amax",
+    "fake_quantize",
+    "hadamard_matrix",
+    "hadamard_rotate",
+    "hadamard_rotate_reference",
+    "pack",
+    "quantize_fp4",
+    "quantize_fp4_reference",
+    "quantize_mxfp4",
+    "quantize_nvfp4",
+    "random_signs",
+    "tensor_scale_reference",
+    "unpack",
+    "w4a16_matmul",
+    "w4a16_matmul_reference",
+]
