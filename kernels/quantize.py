@@ -594,10 +594,9 @@ def _dequant_args(q, s, granularity):
     m, k = q2.shape
     gm, gk = _GROUPS[granularity] or (1, max(k, 1))
     want = (triton.cdiv(m, gm), triton.cdiv(k, gk))
-    s2 = s.reshape(-1, s.shape[-1]) if s.dim() else s.reshape(1, 1)
-    if tuple(s2.shape) != want:
+    if s.numel() != want[0] * want[1] or (s.dim() and s.shape[-1] != want[1]):
         raise ValueError(f"s has shape {tuple(s.shape)}, but q of shape {tuple(q.shape)} needs {want} scales")
-    return q2, s2, gm, gk
+    return q2, s.reshape(want), gm, gk
 
 
 def dequantize(q: torch.Tensor, s: torch.Tensor, granularity: str, out_dtype=torch.float32) -> torch.Tensor:

@@ -1,0 +1,210 @@
+"""kernels.quantize: every kernel bit for bit equal to its plain-torch reference, on random and
+adversarial inputs, awkward shapes and every input dtype; the scale rules and policies as stated."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import kernels  # noqa: F401  (selects the interpreter on CPU)
+from kernels import quantize as Q
+from kernels.testing import assert_bits_equal
+
+DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+ROW_KINDS = ("row", "1x128", "mxfp8")
+
+
+def _adversarial(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape)
+    randn = torch.randn(n, generator=g) * 3
+    outlier = randn.clone()
+    outlier[n // 2] = 1e4
+    special = randn.clone()
+    special[:: max(n // 5, 1)] = float("nan")
+    special[1 :: max(n // 4, 1)] = float("inf")
+    special[2 :: max(n // 3, 1)] = -float("inf")
+    tiny = torch.finfo(dtype).tiny
+    cases = {
+        "random": randn,
+        "zeros": torch.zeros(n),
+        "all-equal": torch.full((n,), -0.75),
+        "one outlier": outlier,
+        "nan/inf": special,
+        "subnormals": randn * tiny * 2.0**-3,
+        "huge": randn.clamp(-3, 3) * (torch.finfo(dtype).max / 4),
+    }
+    return {k: v.reshape(shape).to(dtype).to(DEVICE) for k, v in cases.items()}
+
+
+def _same(got, want, name, x=None):
+    if got.dtype.is_floating_point and got.element_size() == 4:  # dequantized: NaN payloads aside
+        nan_got, nan_want = torch.isnan(got), torch.isnan(want)
+        assert torch.equal(nan_got, nan_want), f"[{name}] NaN positions differ"
+        got, want = torch.where(nan_got, 0.0, got), torch.where(nan_want, 0.0, want)
+    assert_bits_equal(got.cpu(), want.cpu(), name=name, inputs=x)
+
+
+SHAPES = [(1, 1), (7, 33), (130, 257), (2, 3, 40)]
+# The interpreter is slow: bf16 (the input of every benchmark) gets every case, shape and format; fp16 and
+# fp32 the cases where their conversion to fp32 differs (specials, subnormals, range) on two shapes.
+PLAN = {
+    torch.bfloat16: (SHAPES, None),
+    torch.float16: (SHAPES[1:3], ("random", "nan/inf", "subnormals", "huge")),
+    torch.float32: (SHAPES[1:3], ("random", "nan/inf", "subnormals", "huge")),
+}
+
+
+@pytest.mark.parametrize("granularity", Q.GRANULARITIES)
+@pytest.mark.parametrize("dtype", list(PLAN), ids=str)
+def test_kernel_equals_reference_bit_for_bit(granularity, dtype):
+    shapes, cases = PLAN[dtype]
+    for shape in shapes:
+        if granularity == "128x128" and len(shape) != 2:
+            continue
+        for case, x in _adversarial(shape, dtype).items():
+            if cases and case not in cases:
+                continue
+            for fmt in ("e4m3", "e5m2") if case in ("random", "nan/inf", "huge") else ("e4m3",):
+                name = f"{granularity} {fmt} {tuple(shape)} {dtype} {case}"
+                got, want = Q.quantize(x, granularity, fmt), Q.quantize(x, granularity, fmt, reference=True)
+                _same(got.q, want.q, name + " codes", x.float().cpu())
+                _same(got.s, want.s, name + " scales")
+                _same(Q.dequantize(*got, granularity), Q.dequantize_reference(*want, granularity), name + " dequant")
+
+
+@pytest.mark.parametrize("rounding", ["floor", "up"])
+def test_mxfp8_roundings(rounding):
+    x = _adversarial((9, 100), torch.bfloat16, seed=3)
+    for case, xx in x.items():
+        got, want = Q.quantize_mxfp8(xx, rounding=rounding), Q.quantize_mxfp8_reference(xx, rounding=rounding)
+        _same(got.q, want.q, f"mx {rounding} {case}")
+        _same(got.s, want.s, f"mx {rounding} scales {case}")
+
+
+def test_long_rows_take_the_two_pass_path():
+    x = torch.randn(3, Q.ROW_MAX_ONE_PASS + 77, device=DEVICE).to(torch.bfloat16)
+    x[1, -5] = 900.0
+    x[2, 3] = float("nan")
+    got, want = Q.quantize_rowwise(x), Q.quantize_rowwise_reference(x)
+    _same(got.q, want.q, "long rows")
+    _same(got.s, want.s, "long rows scales")
+
+
+def test_e8m0_rules_exactly():
+    amax = torch.tensor([0.0, 1.0, 448.0, 448.5, 500.0, 2.0**-130, 3.0e38, 0.75])
+    floor = Q.e8m0_from_amax(amax, "e4m3", "floor").to(torch.int32) - 127
+    up = Q.e8m0_from_amax(amax, "e4m3", "up").to(torch.int32) - 127
+    for a, f, u in zip(amax.tolist(), floor.tolist(), up.tolist(), strict=True):
+        if a == 0:
+            assert f == u == 0  # all-zero block: S = 1
+            continue
+        want_f = max(math.floor(math.log2(a)) - 8, -127)
+        want_u = max(math.ceil(math.log2(a / 448.0)), -127)
+        assert (f, u) == (want_f, want_u), a
+    assert Q.e8m0_to_float(torch.tensor([0, 1, 127, 254, 255], dtype=torch.uint8))[:4].tolist() == [
+        2.0**-127,
+        2.0**-126,
+        1.0,
+        2.0**127,
+    ]
+    assert math.isnan(Q.e8m0_to_float(torch.tensor([255], dtype=torch.uint8)).item())
+
+
+def test_policies_zero_group_nan_inf_saturation():
+    x = torch.zeros(2, 256, device=DEVICE, dtype=torch.bfloat16)
+    x[1, :128] = torch.linspace(-3, 3, 128)
+    x[1, 5] = float("nan")
+    x[1, 6] = float("inf")
+    q, s = Q.quantize_1x128(x)
+    assert s.cpu().tolist() == [[1.0, 1.0], [pytest.approx(3 / 448, rel=1e-2), 1.0]]  # zero groups: S = 1
+    codes = q.view(torch.uint8).cpu()
+    assert codes[1, 5] == codes[1, 6] == Q.NAN_CODE  # non-finite -> NaN code, scale from the finite rest
+    assert (codes[0] == 0).all()
+    y = Q.dequantize(q, s, "1x128").cpu()
+    assert torch.isnan(y[1, 5]) and torch.isnan(y[1, 6]) and torch.isfinite(y[1, 7:]).all()
+    # A stale scale saturates instead of overflowing: 500 with S from amax 10 comes back as 10.
+    stale = torch.tensor(10.0 / 448, device=DEVICE)
+    q = Q.quantize_tensor_with_scale(torch.tensor([500.0, -1e30], device=DEVICE), stale)
+    assert q.float().cpu().tolist() == [448.0, -448.0]
+
+
+def test_scales_are_reconstruction_scales():
+    x = torch.randn(64, 256, device=DEVICE) * 7
+    for g in ("tensor", "row", "1x128", "128x128"):
+        q, s = Q.quantize(x, g)
+        y = Q.dequantize(q, s, g)
+        rel = ((y - x).abs() / x.abs().clamp_min(1e-3)).max().item()
+        print(f"{g}: max relative reconstruction error {rel:.3g}")
+        assert rel < 2.0**-3, g  # e4m3 rounds to 3 mantissa bits: relative error <= 2^-4 for normals
+        assert float(q.float().abs().max()) == 448.0  # amax maps to the top code
+    q, s = Q.quantize_mxfp8(x, rounding="up")
+    assert float(q.float().abs().max()) <= 448.0
+    s_elem = Q.e8m0_to_float(s).repeat_interleave(32, 1)
+    # half a step of e4m3: 2^-4 relative for normals, S * 2^-10 absolute in the subnormal range
+    assert ((Q.dequantize(q, s, "mxfp8") - x).abs() <= torch.maximum(x.abs() * 2.0**-4, s_elem * 2.0**-10)).all()
+
+
+def test_delayed_scaling_lags_and_state_round_trips():
+    ds = Q.DelayedScaling(history_len=4, device=DEVICE)
+    assert ds.scale().item() == 1.0  # empty history: S = 1
+    ds.update(torch.tensor(10.0, device=DEVICE))
+    q, s = ds.quantize(torch.tensor([[500.0, 5.0]], device=DEVICE))
+    y = Q.dequantize(q, s, "tensor").cpu()
+    assert y[0, 0].item() == pytest.approx(10.0) and torch.isfinite(y).all()
+    assert ds.amax_history[0].item() == 500.0  # the next call's scale sees the spike
+    assert ds.scale().item() == pytest.approx(500.0 / 448)
+    other = Q.DelayedScaling(history_len=4, device=DEVICE)
+    other.load_state_dict(ds.state_dict())
+    assert torch.equal(other.amax_history, ds.amax_history)
+    for _ in range(4):
+        ds.update(torch.tensor(1.0, device=DEVICE))
+    assert ds.scale().item() == pytest.approx(1.0 / 448)  # the spike has left the window
+    x = torch.randn(5, 40, device=DEVICE)
+    a, b = Q.DelayedScaling(device=DEVICE), Q.DelayedScaling(device=DEVICE)
+    for _ in range(2):
+        qa, qb = a.quantize(x), b.quantize(x, reference=True)
+        _same(qa.q, qb.q, "delayed")
+        _same(qa.s, qb.s, "delayed scale")
+
+
+def test_bad_arguments_name_themselves():
+    x = torch.randn(4, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="fmt"):
+        Q.quantize_rowwise(x, "e3m4")
+    with pytest.raises(TypeError, match="x must have dtype"):
+        Q.quantize_1x128(x.to(torch.int32))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        Q.quantize_tensor(np.ones(3))
+    with pytest.raises(ValueError, match="x must be a 2-D matrix"):
+        Q.quantize_128x128(x.reshape(2, 2, 64))
+    with pytest.raises(ValueError, match="rounding"):
+        Q.quantize_mxfp8(x, rounding="nearest")
+    with pytest.raises(ValueError, match="granularity"):
+        Q.quantize(x, "2x2")
+    q, s = Q.quantize_1x128(x)
+    with pytest.raises(ValueError, match="s has shape"):
+        Q.dequantize(q, s[:, :0], "1x128")
+    with pytest.raises(TypeError, match="s must have dtype"):
+        Q.dequantize(q, s, "mxfp8")
+    with pytest.raises(ValueError, match="history_len"):
+        Q.DelayedScaling(history_len=0)
+
+
+def test_swizzled_mx_scales_follow_the_128x4_tiles():
+    s = torch.arange(130 * 5, dtype=torch.int32).reshape(130, 5).to(torch.uint8)
+    flat = Q.swizzle_mx_scales(s)
+    assert flat.numel() == 256 * 8
+    tiles = flat.reshape(2, 2, 32, 4, 4)  # (tile row, tile col, r % 32, r // 32, c)
+    for r, c in [(0, 0), (33, 2), (127, 3), (129, 4), (100, 1)]:
+        tr, tc = divmod(r, 128)[0], divmod(c, 4)[0]
+        rr, cc = r % 128, c % 4
+        assert tiles[tr, tc, rr % 32, rr // 32, cc] == s[r, c]
+    assert tiles[1, 1, 5, 0, 1] == 0  # padding is zero
+
+
+def test_payload_overhead():
+    assert Q.scale_bytes_per_element("mxfp8", (32, 32)) == 1 / 32
+    assert Q.scale_bytes_per_element("1x128", (128, 128)) == 4 / 128
+    assert Q.scale_bytes_per_element("128x128", (128, 128)) == 4 / 128**2
