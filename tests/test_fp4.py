@@ -1,0 +1,344 @@
+"""kernels.fp4: E2M1 rounding against ml_dtypes, the nibble order against torch's float4_e2m1fn_x2
+packing, every kernel bit for bit against its plain-torch reference where the operation is exact (codes,
+scales, dequantization), the W4A16 GEMM and the Hadamard rotation against float64 references."""
+
+import ast
+import math
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import kernels
+from kernels import formats, stochastic
+from kernels import fp4 as F
+from kernels.quantize import e8m0_to_float
+from kernels.testing import assert_bits_equal, compare
+
+DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+
+
+def _cases(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape)
+    randn = torch.randn(n, generator=g) * 3
+    outlier = randn.clone()
+    outlier[n // 2] = 1e4
+    special = randn.clone()
+    special[:: max(n // 5, 1)] = float("nan")
+    special[1 :: max(n // 4, 1)] = float("inf")
+    tiny = torch.finfo(dtype).tiny
+    cases = {
+        "random": randn,
+        "zeros": torch.zeros(n),
+        "all-equal": torch.full((n,), -0.75),
+        "one outlier": outlier,
+        "nan/inf": special,
+        "subnormals": randn * tiny * 2.0**-3,
+        "huge": randn.clamp(-3, 3) * (torch.finfo(dtype).max / 4),
+        "negative zeros": -torch.zeros(n),
+    }
+    return {k: v.reshape(shape).to(dtype).to(DEVICE) for k, v in cases.items()}
+
+
+def _same_fp4(got: F.FP4Tensor, want: F.FP4Tensor, name: str):
+    assert_bits_equal(got.q.cpu(), want.q.cpu(), name=f"{name} codes")
+    assert_bits_equal(got.s.view(torch.uint8).cpu(), want.s.view(torch.uint8).cpu(), name=f"{name} scales")
+    if want.tensor_scale is not None:
+        assert_bits_equal(got.tensor_scale.cpu(), want.tensor_scale.cpu(), name=f"{name} tensor scale")
+
+
+# -- E2M1 and packing ---------------------------------------------------------------------------------
+
+
+def test_e2m1_values_are_the_formats_decoder():
+    codes = torch.arange(16)
+    assert F.e2m1_decode(codes).tolist()[:8] == list(F.E2M1_VALUES)
+    assert_bits_equal(F.e2m1_decode(codes), formats.decode(codes, "e2m1"), name="e2m1 decode")
+
+
+def test_rne_against_ml_dtypes_at_every_tie_and_neighbour():
+    grid = torch.tensor(F.E2M1_VALUES, dtype=torch.float64)
+    mids = (grid[1:] + grid[:-1]) / 2
+    pts = torch.cat([grid, mids, torch.tensor([6.5, 7.0, 100.0, 1e30])]).float()
+    near = torch.cat([pts, torch.nextafter(pts, torch.tensor(0.0)), torch.nextafter(pts, torch.tensor(1e38))])
+    mag = near.abs()
+    want = mag.numpy().astype(ml_dtypes.float4_e2m1fn).view(np.uint8).astype(np.int32)
+    got = F.e2m1_rne_reference(mag).numpy()
+    assert np.array_equal(got, want), f"ties or saturation differ from ml_dtypes at {mag[got != want].tolist()}"
+
+
+def test_pack_order_is_torchs_float4_e2m1fn_x2():
+    codes = torch.tensor([[2, 1, 7, 15]])  # 1.0, 0.5, 6.0, -6.0
+    packed = F.pack(codes)
+    assert packed.tolist() == [[0x12, 0xF7]], "element 2i in the low nibble, 2i+1 in the high nibble"
+    assert torch.equal(F.unpack(packed), codes.to(torch.uint8))
+    view = packed.view(torch.float4_e2m1fn_x2)  # torch's packed FP4 dtype: one byte holds two elements
+    assert view.shape == (1, 2) and view.element_size() == 1
+    assert torch.equal(F.unpack(view), codes.to(torch.uint8))
+
+
+def _torch_pack_uint4():
+    """torch's own reference packer for float4_e2m1fn_x2 (torch/testing/_internal/common_quantized.py),
+    read from its source: the module itself imports test-only dependencies."""
+    path = Path(torch.__file__).parent / "testing" / "_internal" / "common_quantized.py"
+    if not path.exists():
+        pytest.skip("this torch build has no common_quantized.py to compare with")
+    tree = ast.parse(path.read_text())
+    wanted = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("pack_uint4", "down_size")]
+    if len(wanted) != 2:
+        pytest.skip("torch's pack_uint4 / down_size not found in common_quantized.py")
+    namespace = {"torch": torch}
+    exec(compile(ast.Module(wanted, []), str(path), "exec"), namespace)
+    return namespace["pack_uint4"]
+
+
+def test_pack_matches_torchs_reference_packer():
+    codes = torch.randint(0, 16, (9, 64), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    assert torch.equal(F.pack(codes), _torch_pack_uint4()(codes))
+
+
+def test_pack_rejects_bad_codes():
+    with pytest.raises(ValueError, match="even last dimension"):
+        F.pack(torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"\[0, 16\)"):
+        F.pack(torch.tensor([3, 16]))
+    with pytest.raises(TypeError, match="integer tensor"):
+        F.pack(torch.zeros(2))
+
+
+# -- quantizers: kernel == reference, bit for bit ------------------------------------------------------
+
+SHAPES = {"nvfp4": [(1, 16), (7, 48), (40, 288), (2, 3, 32)], "mxfp4": [(1, 32), (7, 64), (40, 288), (2, 3, 32)]}
+
+
+@pytest.mark.parametrize("fmt", list(F.FORMATS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_quantize_matches_reference(fmt, dtype):
+    shapes = SHAPES[fmt] if dtype == torch.bfloat16 else SHAPES[fmt][1:3]  # the interpreter is slow
+    for shape in shapes:
+        for case, x in _cases(shape, dtype).items():
+            name = f"{fmt} {dtype} {shape} {case}"
+            _same_fp4(F.quantize_fp4(x, fmt), F.quantize_fp4_reference(x, fmt), name)
+
+
+@pytest.mark.parametrize(
+    "fmt,kw",
+    [
+        ("nvfp4", {"block_2d": True}),
+        ("nvfp4", {"stochastic_rounding": True, "seed": 7}),
+        ("mxfp4", {"stochastic_rounding": True, "seed": 7}),
+        ("nvfp4", {"tensor_scale": torch.tensor(0.01)}),
+    ],
+    ids=["2d", "nv-sr", "mx-sr", "given-ts"],
+)
+def test_quantize_options_match_reference(fmt, kw):
+    kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    for shape in [(7, 64), (37, 96)]:
+        for case, x in _cases(shape, torch.bfloat16, seed=1).items():
+            if case in ("subnormals", "huge"):
+                continue
+            _same_fp4(F.quantize_fp4(x, fmt, **kw), F.quantize_fp4_reference(x, fmt, **kw), f"{fmt} {kw} {case}")
+
+
+@pytest.mark.parametrize("fmt", list(F.FORMATS))
+def test_codes_are_ml_dtypes_rounding_of_the_scaled_values(fmt):
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(3)) * 5
+    t = F.quantize_fp4(x.to(DEVICE), fmt)
+    bs = F.FORMATS[fmt]
+    if fmt == "mxfp4":
+        s = e8m0_to_float(t.s.cpu())
+    else:
+        s = t.s.cpu().float() * t.tensor_scale.cpu()
+    inv = 1.0 / s  # the quantizer's per-block reciprocal, correctly rounded
+    scaled = x.reshape(16, -1, bs) * inv[..., None]
+    want = scaled.numpy().astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(16, 64)
+    assert np.array_equal(F.unpack(t.q.cpu()).numpy(), want)
+
+
+def test_scale_rules():
+    x = torch.zeros(2, 64)
+    x[0, :32] = torch.linspace(-5.0, 5.0, 32)  # amax 5: e = floor(log2 5) - 2 = 0, byte 127
+    x[0, 32:] = 0.0  # all-zero block: S = 1
+    x[1, :32] = 1000.0  # e = 9 - 2 = 7: byte 134, 1000 / 128 = 7.8 saturates to 6
+    x[1, 32:] = 0.1  # e = -4 - 2 = -6: byte 121
+    mx = F.quantize_mxfp4(x.to(DEVICE))
+    assert mx.s.cpu().tolist() == [[127, 127], [134, 121]]
+    assert F.unpack(mx.q.cpu())[1, 0].item() == 7, "1000 / 2^7 = 7.8 must saturate to 6 (code 7)"
+    nv = F.quantize_nvfp4(x.to(DEVICE))
+    assert nv.tensor_scale.item() == np.float32(1000.0) / np.float32(2688.0)
+    blocks = nv.s.cpu().float()
+    assert blocks[1, 0].item() == 448.0, "the block holding the tensor's amax uses E4M3's top value"
+    assert blocks[0, 2].item() == 0.0 and F.unpack(nv.q.cpu())[0, 32:48].eq(0).all()
+    # the whole tensor is reconstructed within half an E2M1 step of each block's scale
+    deq = F.dequantize_fp4(nv).cpu()
+    assert (deq - x).abs().max() <= 1000.0 / 6 * 0.5 * 2
+
+
+def test_nonfinite_poisons_its_block_only():
+    x = torch.randn(2, 64)
+    x[0, 3] = float("nan")
+    x[1, 40] = float("inf")
+    for fmt, bs in F.FORMATS.items():
+        y = F.dequantize_fp4(F.quantize_fp4(x.to(DEVICE), fmt)).cpu()
+        nan = torch.isnan(y)
+        want = torch.zeros_like(nan)
+        want[0, :bs] = True
+        want[1, 40 // bs * bs : 40 // bs * bs + bs] = True
+        assert torch.equal(nan, want), f"{fmt}: NaN must cover exactly the blocks that held NaN/inf"
+
+
+def test_stochastic_rounding_is_unbiased():
+    x = torch.linspace(-5.9, 5.9, 64).reshape(1, 64)  # amax 5.9: e = floor(log2 5.9) - 2 = 0, S = 1
+    samples = []
+    for seed in range(48):
+        t = F.quantize_fp4_reference(x, "mxfp4", stochastic_rounding=True, seed=seed)
+        samples.append(F.dequantize_fp4_reference(t))
+    s = torch.stack(samples)  # (48, 1, 64)
+    lo, hi = _neighbours(x)
+    sd = torch.sqrt((x - lo) * (hi - x)).clamp(min=1e-6) / math.sqrt(s.shape[0])
+    z = ((s.mean(0) - x) / sd).abs()
+    assert z.max() < 5, f"stochastic rounding looks biased: max |z| = {z.max():.2f}"
+    assert set(torch.unique(s).tolist()) <= {v * sg for v in F.E2M1_VALUES for sg in (1, -1)}
+    # the rounding is to a neighbour, never further
+    assert ((s >= lo - 1e-6) & (s <= hi + 1e-6)).all()
+
+
+def _neighbours(x):
+    grid = torch.tensor(sorted({v * s for v in F.E2M1_VALUES for s in (1, -1)}))
+    idx = torch.searchsorted(grid, x.contiguous(), right=True).clamp(1, len(grid) - 1)
+    lo = grid[idx - 1]
+    hi = torch.where(grid[idx - 1] == x, x, grid[idx])
+    return lo, hi
+
+
+def test_stochastic_bits_are_philox_words():
+    x = torch.randn(2, 32)
+    r = stochastic.random_bits(64, 5).reshape(2, 1, 32)
+    t = F.quantize_fp4_reference(x, "mxfp4", stochastic_rounding=True, seed=5)
+    inv = 2.0 ** -(t.s.to(torch.int32) - 127).float()
+    mag = (x.reshape(2, 1, 32) * inv[..., None]).abs().clamp(max=6)
+    want = F.e2m1_stochastic_reference(mag, r).reshape(2, 32)
+    assert torch.equal(F.unpack(t.q).to(torch.int32) & 7, want)
+
+
+def test_input_errors_name_the_argument():
+    with pytest.raises(ValueError, match="multiple of the block size 16"):
+        F.quantize_nvfp4(torch.zeros(2, 24, device=DEVICE))
+    with pytest.raises(TypeError, match="x must have dtype"):
+        F.quantize_mxfp4(torch.zeros(2, 32, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        F.quantize_fp4(torch.zeros(2, 32, device=DEVICE), "nvfp8")
+    with pytest.raises(ValueError, match="block_2d"):
+        F.quantize_fp4_reference(torch.zeros(2, 32), "mxfp4", block_2d=True)
+    with pytest.raises(ValueError, match="seed"):
+        F.quantize_mxfp4(torch.zeros(2, 32, device=DEVICE), stochastic_rounding=True, seed=-1)
+    with pytest.raises(TypeError, match="FP4Tensor"):
+        F.dequantize_fp4(torch.zeros(2, 16, dtype=torch.uint8))
+
+
+# -- dequantization -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", list(F.FORMATS))
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_dequantize_matches_reference(fmt, out_dtype):
+    for case, x in _cases((33, 96), torch.bfloat16, seed=2).items():
+        t = F.quantize_fp4(x, fmt)
+        got, want = F.dequantize_fp4(t, out_dtype).cpu(), F.dequantize_fp4_reference(t, out_dtype).cpu()
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{fmt} {case}: NaN positions differ"
+        assert_bits_equal(got.nan_to_num(0.0), want.nan_to_num(0.0), name=f"{fmt} {out_dtype} {case}")
+
+
+def test_bits_per_element():
+    assert F.bits_per_element("mxfp4") == 4.25
+    assert F.bits_per_element("nvfp4", (8192, 8192)) == 4.5 + 32 / 8192**2
+
+
+# -- W4A16 GEMM ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", list(F.FORMATS))
+@pytest.mark.parametrize("m,n,k", [(1, 64, 128), (16, 96, 64), (5, 33, 320), (70, 32, 96)])
+def test_w4a16_matches_dequantize_then_matmul(fmt, m, n, k):
+    g = torch.Generator().manual_seed(m + n + k)
+    w = torch.randn(n, k, generator=g).to(DEVICE)
+    a = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEVICE)
+    wq = F.quantize_fp4(w, fmt)
+    got = F.w4a16_matmul(a, wq)
+    want = F.w4a16_matmul_reference(a, wq)
+    # bf16 output: one rounding (2^-8) after an fp32 sum; scaled by the row's magnitude
+    c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name=f"w4a16 {fmt}")
+    print(c.report.splitlines()[0])
+    assert c.ok, c.report
+
+
+def test_w4a16_leading_dims_and_errors():
+    w = F.quantize_mxfp4(torch.randn(32, 64, device=DEVICE))
+    a = torch.randn(2, 3, 64, device=DEVICE).to(torch.bfloat16)
+    assert F.w4a16_matmul(a, w).shape == (2, 3, 32)
+    with pytest.raises(TypeError, match="a must be a bfloat16"):
+        F.w4a16_matmul(a.float(), w)
+    with pytest.raises(ValueError, match="K = 64"):
+        F.w4a16_matmul(a[..., :32], w)
+
+
+# -- Hadamard rotation ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", F.HADAMARD_BLOCKS)
+def test_hadamard_is_orthonormal(block):
+    h = F.hadamard_matrix(block, dtype=torch.float64)
+    assert torch.allclose(h @ h.T, torch.eye(block, dtype=torch.float64), atol=1e-12)
+    with pytest.raises(ValueError, match="power of two"):
+        F.hadamard_matrix(block + 1)
+
+
+@pytest.mark.parametrize("block", F.HADAMARD_BLOCKS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_hadamard_kernel_matches_reference_and_preserves_products(block, dtype):
+    g = torch.Generator().manual_seed(block)
+    a = torch.randn(9, 256, generator=g).to(dtype).to(DEVICE)
+    w = torch.randn(70, 256, generator=g).to(dtype).to(DEVICE)
+    d = F.random_signs(block, seed=1, device=DEVICE)
+    ra, rw = F.hadamard_rotate(a, block, d), F.hadamard_rotate(w, block, d)
+    tol = 1e-5 if dtype == torch.float32 else 2.0**-8  # bf16 output: one rounding of the fp32 sum
+    c = compare(ra, F.hadamard_rotate_reference(a, block, d), atol=tol, rtol=tol, name=f"rotate {block}")
+    assert c.ok, c.report
+    back = F.hadamard_rotate(ra, block, d, inverse=True)
+    c = compare(back, a, atol=4 * tol, rtol=4 * tol, name="inverse")
+    assert c.ok, c.report
+    prod = ra.double() @ rw.double().T
+    assert torch.allclose(prod, a.double() @ w.double().T, atol=2e-1 if dtype == torch.bfloat16 else 1e-3)
+
+
+def test_rotation_on_outlier_channels():
+    # Activations with three outlier channels (x40), both operands quantized: the relative error of the
+    # product.  The rotation spreads the outliers over each block, which pays where the scale is coarse
+    # (MXFP4: blocks of 32, power-of-two scales) and not where it is fine (NVFP4: 16 elements, E4M3).
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 256, generator=g)
+    x[:, [7, 100, 200]] *= 40.0
+    w = torch.randn(64, 256, generator=g) * 0.05
+    ref = x @ w.T
+
+    def err(fmt, block):
+        xq = F.fake_quantize(x.to(DEVICE), fmt, rotate_block=block).cpu()
+        wq = F.fake_quantize(w.to(DEVICE), fmt, rotate_block=block).cpu()
+        return ((xq @ wq.T - ref).pow(2).mean() / ref.pow(2).mean()).item()
+
+    mx_plain, mx_rot, nv_plain = err("mxfp4", None), err("mxfp4", 32), err("nvfp4", None)
+    print(f"relative MSE: mxfp4 {mx_plain:.4f}, mxfp4 rotated {mx_rot:.4f}, nvfp4 {nv_plain:.4f}")
+    assert mx_rot < 0.9 * mx_plain
+    assert nv_plain < mx_plain
+
+
+def test_hadamard_errors():
+    with pytest.raises(ValueError, match="block must be one of"):
+        F.hadamard_rotate(torch.zeros(2, 64, device=DEVICE), 64)
+    with pytest.raises(ValueError, match="multiple of block"):
+        F.hadamard_rotate(torch.zeros(2, 40, device=DEVICE), 32)
+    with pytest.raises(ValueError, match="only \\+1 and -1"):
+        F.hadamard_rotate(torch.zeros(2, 32, device=DEVICE), 32, torch.full((32,), 0.5))
