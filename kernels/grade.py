@@ -277,6 +277,19 @@ def _child_env(workdir: Path) -> dict:
     return env
 
 
+_RUNNING = set()  # child processes in flight, killed if grading is interrupted
+_RUNNING_LOCK = threading.Lock()
+
+
+def _kill_running():
+    with _RUNNING_LOCK:
+        for proc in list(_RUNNING):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, scratch: Path) -> dict:
     """Run one submission in a child process and return its raw events summarised as a result."""
     workdir = Path(tempfile.mkdtemp(prefix="sub-", dir=scratch))
@@ -323,6 +336,8 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
     finally:
         os.close(events_w)
         log.close()
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
     events, buffer, timed_out, sent_tests = [], b"", False, False
     deadline = started + limits.timeout_s
     try:
@@ -360,6 +375,8 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
             except ProcessLookupError:
                 pass
         proc.wait()
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
         try:
             proc.stdin.close()
         except OSError:
@@ -1060,19 +1077,25 @@ def grade(
         disable=not progress,
         file=sys.stderr,
     )
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = [pool.submit(one, key, sub) for key, sub in todo]
-            for future in as_completed(futures):
-                key, result = future.result()
-                results[key] = result
-                bar.set_postfix_str(f"{result['student']}: {result['status']}", refresh=False)
-                bar.update()
-                write_csv(out / "scores.csv", list(results.values()))
+        futures = [pool.submit(one, key, sub) for key, sub in todo]
+        for future in as_completed(futures):
+            key, result = future.result()
+            results[key] = result
+            bar.set_postfix_str(f"{result['student']}: {result['status']}", refresh=False)
+            bar.update()
+            write_csv(out / "scores.csv", list(results.values()))
+    except BaseException:
+        # Interrupted (Ctrl-C) or failed: what finished is on disk; stop the rest, keep nothing half-done.
+        pool.shutdown(wait=False, cancel_futures=True)
+        _kill_running()
+        raise
     finally:
+        pool.shutdown(wait=True)
         bar.close()
+        write_csv(out / "scores.csv", list(results.values()))
         shutil.rmtree(scratch, ignore_errors=True)
-    write_csv(out / "scores.csv", list(results.values()))
     return sorted(results.values(), key=lambda r: (r["lab"], r["student"], r["submission"]))
 
 
