@@ -77,13 +77,20 @@ HADAMARD_BLOCKS = (16, 32, 128)
 QUANT_ROWS, QUANT_COLS, QUANT_WARPS = 32, 256, 8
 DEQUANT_ROWS, DEQUANT_COLS, DEQUANT_WARPS = 32, 256, 8
 HADAMARD_ROWS, HADAMARD_WARPS = 64, 4
-# The W4A16 GEMM on the GPU autotunes over these (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_M is
-# chosen from M (16 for decode).  At M <= 16 and N = 8192, BLOCK_N <= 64 gives >= 128 programs, one per
-# SM or more, each streaming its weight rows through the whole of K.
+# The W4A16 GEMM on the GPU autotunes over these (BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages);
+# BLOCK_M is chosen from M (16 for decode).  At M <= 16 and N = 8192, BLOCK_N <= 64 gives >= 128
+# programs, one per SM or more, each streaming its weight rows through the whole of K: the kernel is a
+# stream of 4.5-bit weights, so what matters is bytes in flight per SM (BLOCK_N * BLOCK_K / 2 per stage,
+# times num_stages).  GATHER picks how nibbles are unpacked (see the kernel).
 W4A16_CONFIGS = [
-    (bn, bk, w, s) for bn in (32, 64, 128) for bk in (128, 256, 512) for w in (4, 8) for s in (3, 4) if bn * bk <= 32768
+    (bn, bk, g, w, st)
+    for bn in (16, 32, 64)
+    for bk in (256, 512)
+    for g in (False, True)
+    for w in (4, 8)
+    for st in (3, 4)
 ]
-W4A16_CPU_CONFIG = (32, 64, 4, 1)  # the interpreter: one small config, no autotuning
+W4A16_CPU_CONFIG = (32, 64, False, 4, 1)  # the interpreter: one small config, no autotuning
 
 
 class FP4Tensor(NamedTuple):
@@ -578,7 +585,8 @@ def _w4a16_kernel(
     stride_cm,
     BS: tl.constexpr,
     NV: tl.constexpr,
-    EVEN_K: tl.constexpr,  # K a multiple of BLOCK_K: no masks in the loop
+    EVEN_K: tl.constexpr,  # K a multiple of BLOCK_K: no K masks in the loop
+    GATHER: tl.constexpr,  # unpack by loading each byte twice (L1 hits) instead of join + reshape
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -588,53 +596,65 @@ def _w4a16_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    rk2 = tl.arange(0, BLOCK_K // 2)
-    rg = tl.arange(0, BLOCK_K // BS)
     m_ok = rm[:, None] < M
     n_ok = rn[:, None] < N
-    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + rk[None, :]
-    q_ptrs = q_ptr + rn.to(tl.int64)[:, None] * (K // 2) + rk2[None, :]
-    s_ptrs = s_ptr + rn.to(tl.int64)[:, None] * (K // BS) + rg[None, :]
+    a_row = a_ptr + rm.to(tl.int64)[:, None] * stride_am  # (BLOCK_M, 1)
+    q_row = q_ptr + rn.to(tl.int64)[:, None] * (K // 2)  # (BLOCK_N, 1)
+    s_row = s_ptr + rn.to(tl.int64)[:, None] * (K // BS)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=m_ok, other=0.0)
-            b = tl.load(q_ptrs, mask=n_ok, other=0)
-            s = tl.load(s_ptrs, mask=n_ok, other=0)
+        kk = k0 + rk  # (BLOCK_K,) this step's K indices
+        a_mask = m_ok if EVEN_K else m_ok & (kk[None, :] < K)
+        a = tl.load(a_row + kk[None, :], mask=a_mask, other=0.0)  # (BLOCK_M, BLOCK_K) bf16
+        if GATHER:
+            w_mask = n_ok if EVEN_K else n_ok & (kk[None, :] < K)
+            b = tl.load(q_row + (kk // 2)[None, :], mask=w_mask, other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K)
+            c = (b >> ((kk & 1) * 4)[None, :]) & 0xF  # even k: low nibble, odd k: high nibble
+            s = tl.load(s_row + (kk // BS)[None, :], mask=w_mask, other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K)
+            if NV:
+                sw = s.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)  # exact: E4M3 fits bf16
+            else:
+                sw = _e8m0_to_bf16(s)
+            w = _e2m1_to_bf16(c) * sw  # exact in bf16: 2 + 4 significant bits at most
         else:
-            a = tl.load(a_ptrs, mask=m_ok & (k0 + rk[None, :] < K), other=0.0)
-            b = tl.load(q_ptrs, mask=n_ok & (k0 // 2 + rk2[None, :] < K // 2), other=0)
-            s = tl.load(s_ptrs, mask=n_ok & (k0 // BS + rg[None, :] < K // BS), other=0)
-        b = b.to(tl.int32)
-        w = _e2m1_to_bf16(tl.reshape(tl.join(b & 0xF, b >> 4), (BLOCK_N, BLOCK_K // BS, BS)))
-        if NV:
-            sw = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)  # exact: E4M3 values fit bf16
-        else:
-            sw = _e8m0_to_bf16(s.to(tl.int32))
-        # q * block scale is exact in bf16 (2 + 4 significant bits at most); the tensor scale waits
-        w = tl.reshape(w * sw[:, :, None], (BLOCK_N, BLOCK_K))
-        acc = tl.dot(a, tl.trans(w), acc)
-        a_ptrs += BLOCK_K
-        q_ptrs += BLOCK_K // 2
-        s_ptrs += BLOCK_K // BS
+            k2 = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            kg = k0 // BS + tl.arange(0, BLOCK_K // BS)
+            b_mask = n_ok if EVEN_K else n_ok & (k2[None, :] < K // 2)
+            g_mask = n_ok if EVEN_K else n_ok & (kg[None, :] < K // BS)
+            b = tl.load(q_row + k2[None, :], mask=b_mask, other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K // 2)
+            s = tl.load(s_row + kg[None, :], mask=g_mask, other=0)  # (BLOCK_N, BLOCK_K // BS)
+            c = tl.reshape(tl.join(b & 0xF, b >> 4), (BLOCK_N, BLOCK_K // BS, BS))  # low nibble first
+            if NV:
+                sw = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+            else:
+                sw = _e8m0_to_bf16(s.to(tl.int32))
+            w = tl.reshape(_e2m1_to_bf16(c) * sw[:, :, None], (BLOCK_N, BLOCK_K))
+        acc = tl.dot(a, tl.trans(w), acc)  # bf16 x bf16 -> fp32 accumulator
     if NV:
-        acc = acc * tl.load(ts_ptr)
+        acc = acc * tl.load(ts_ptr)  # the tensor scale, once per output
     c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
     tl.store(c_ptrs, acc.to(tl.bfloat16), mask=m_ok & (rn[None, :] < N))
 
 
 def _w4a16_configs():
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in W4A16_CONFIGS]
+    return [
+        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "GATHER": g}, num_warps=w, num_stages=st)
+        for bn, bk, g, w, st in W4A16_CONFIGS
+    ]
 
 
 _w4a16_tuned = triton.autotune(configs=_w4a16_configs(), key=["M", "N", "K", "BS", "NV"])(_w4a16_kernel)
 
 
-def w4a16_matmul(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
+def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None) -> torch.Tensor:
     """``a @ W^T`` with ``a`` bf16 ``(..., K)`` and ``W`` an FP4 weight ``(N, K)`` (NVFP4 or MXFP4):
     the packed codes and scales are read from memory and dequantized in registers, the product runs on
     bf16 tensor cores with fp32 accumulation (the NVFP4 tensor scale multiplies the accumulator) and the
-    output is bf16 ``(..., N)``."""
+    output is bf16 ``(..., N)``.
+
+    ``config`` = ``(BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages)`` fixes the launch; by default the
+    GPU autotunes over :data:`W4A16_CONFIGS` (K a multiple of 512) and the interpreter uses
+    :data:`W4A16_CPU_CONFIG`."""
     bs = _check_fp4(w)
     if not isinstance(a, torch.Tensor) or a.dtype != torch.bfloat16:
         raise TypeError(f"a must be a bfloat16 tensor of activations, got {getattr(a, 'dtype', type(a))}")
@@ -643,6 +663,11 @@ def w4a16_matmul(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
     n, k = w.shape
     if a.dim() < 1 or a.shape[-1] != k:
         raise ValueError(f"a's last dimension must be K = {k} (the weight's), got shape {tuple(a.shape)}")
+    if config is not None and (len(config) != 5 or config[1] % bs or config[1] < 16 or config[0] < 16):
+        raise ValueError(
+            f"config must be (BLOCK_N >= 16, BLOCK_K a multiple of the block size {bs}, GATHER, num_warps, "
+            f"num_stages), got {config!r}"
+        )
     _check_device(a, "a")
     if a.device != w.q.device:
         raise ValueError(f"a is on {a.device} but the weight is on {w.q.device}")
@@ -651,31 +676,26 @@ def w4a16_matmul(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if c.numel() == 0:
         return c.reshape(*a.shape[:-1], n)
-    if k == 0:
-        return c.zero_().reshape(*a.shape[:-1], n)
     s = w.s.view(torch.uint8).contiguous()
     ts = w.tensor_scale.float().reshape(1) if w.fmt == "nvfp4" else s
     block_m = min(max(16, triton.next_power_of_2(m)), 64)
     args = (a2, w.q.contiguous(), s, ts, c, m, n, k, a2.stride(0), c.stride(0))
-    if kernels.INTERPRETER:
-        bn, bk, _, _ = W4A16_CPU_CONFIG
+    nv = w.fmt == "nvfp4"
+    if config is None and (kernels.INTERPRETER or k % max(cfg[1] for cfg in W4A16_CONFIGS)):
+        config = W4A16_CPU_CONFIG if kernels.INTERPRETER else (64, 128, True, 4, 3)
+    if config is not None:
+        bn, bk, gather, warps, stages = config
         grid = (triton.cdiv(n, bn), triton.cdiv(m, block_m))
         _w4a16_kernel[grid](
-            *args, BS=bs, NV=w.fmt == "nvfp4", EVEN_K=k % bk == 0, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk
-        )
-    elif k % max(c[1] for c in W4A16_CONFIGS):  # an odd K: one fixed config with masks in the loop
-        bn, bk = 64, 128
-        grid = (triton.cdiv(n, bn), triton.cdiv(m, block_m))
-        _w4a16_kernel[grid](
-            *args, BS=bs, NV=w.fmt == "nvfp4", EVEN_K=k % bk == 0, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk,
-            num_warps=4, num_stages=3,
+            *args, BS=bs, NV=nv, EVEN_K=k % bk == 0, GATHER=bool(gather), BLOCK_M=block_m, BLOCK_N=bn,
+            BLOCK_K=bk, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     else:
 
         def grid(meta):
             return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, block_m))
 
-        _w4a16_tuned[grid](*args, BS=bs, NV=w.fmt == "nvfp4", EVEN_K=True, BLOCK_M=block_m)
+        _w4a16_tuned[grid](*args, BS=bs, NV=nv, EVEN_K=True, BLOCK_M=block_m)
     return c.reshape(*a.shape[:-1], n)
 
 

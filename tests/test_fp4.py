@@ -262,17 +262,22 @@ def test_bits_per_element():
 
 @pytest.mark.parametrize("fmt", list(F.FORMATS))
 @pytest.mark.parametrize("m,n,k", [(1, 64, 128), (16, 96, 64), (5, 33, 320), (70, 32, 96)])
-def test_w4a16_matches_dequantize_then_matmul(fmt, m, n, k):
+@pytest.mark.parametrize("config", [None, (16, 64, True, 4, 2)], ids=["join", "gather"])
+def test_w4a16_matches_dequantize_then_matmul(fmt, m, n, k, config):
     g = torch.Generator().manual_seed(m + n + k)
     w = torch.randn(n, k, generator=g).to(DEVICE)
     a = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEVICE)
     wq = F.quantize_fp4(w, fmt)
-    got = F.w4a16_matmul(a, wq)
+    got = F.w4a16_matmul(a, wq, config=config)
     want = F.w4a16_matmul_reference(a, wq)
-    # bf16 output: one rounding (2^-8) after an fp32 sum; scaled by the row's magnitude
+    # bf16 output: one rounding (2^-8) of an fp32 sum; absolute part scaled by the output's magnitude
     c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name=f"w4a16 {fmt}")
     print(c.report.splitlines()[0])
     assert c.ok, c.report
+    # MXFP4 weights dequantize exactly to bf16: the same product as dequantize-then-matmul in float64
+    if fmt == "mxfp4":
+        wd = F.dequantize_fp4(wq, torch.bfloat16)
+        assert torch.equal(wd.float(), F.dequantize_fp4_reference(wq).cpu().to(DEVICE)), "not exact in bf16"
 
 
 def test_w4a16_leading_dims_and_errors():
@@ -283,6 +288,8 @@ def test_w4a16_leading_dims_and_errors():
         F.w4a16_matmul(a.float(), w)
     with pytest.raises(ValueError, match="K = 64"):
         F.w4a16_matmul(a[..., :32], w)
+    with pytest.raises(ValueError, match="config must be"):
+        F.w4a16_matmul(a, w, config=(32, 48, False, 4, 1))
 
 
 # -- Hadamard rotation ---------------------------------------------------------------------------------
