@@ -25,6 +25,8 @@ What is not unbiased, on purpose:
   randomised (the rest are truncated), a bias below 2^-31 of the smallest subnormal.
 """
 
+import functools
+
 import numpy as np
 import torch
 import triton
@@ -235,13 +237,17 @@ def stochastic_round_reference(x: torch.Tensor, fmt: str, seed: int, saturate: b
 # -- statistics --------------------------------------------------------------------------------------
 
 
+@functools.cache
+def _grid(fmt: str) -> torch.Tensor:
+    f = formats.get(fmt)
+    grid = formats.decode(formats.all_codes(f), f).double()
+    return torch.unique(grid[torch.isfinite(grid)])  # sorted, -max .. max (+0 and -0 merged)
+
+
 def neighbours(x: torch.Tensor, fmt: str) -> tuple:
     """(lo, hi): the representable values of ``fmt`` just below and above (or equal to) each finite
     ``x`` within the format's range, as float64 (round toward -inf and toward +inf of ``x``)."""
-    f = formats.get(fmt)
-    codes = formats.all_codes(f)
-    grid = formats.decode(codes, f).double()
-    grid = torch.unique(grid[torch.isfinite(grid)])  # sorted, -max .. max (+0 and -0 merged)
+    grid = _grid(fmt)
     xd = x.detach().cpu().double().reshape(-1)
     hi_i = torch.searchsorted(grid, xd, side="left").clamp(max=grid.numel() - 1)
     lo_i = (torch.searchsorted(grid, xd, side="right") - 1).clamp(min=0)

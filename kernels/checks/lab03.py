@@ -163,8 +163,9 @@ def check_stochastic_round(fn, seeds=SR_SEEDS) -> None:
             break
         if torch.equal(s[0], s[-1]):
             if (up.std(dim=2) == 0).all():
-                near = torch.where((xv - lo) <= (hi - xv), lo, hi)
-                rne = bool((s[0, :, 0] == near).all())
+                near = torch.where((xv - lo) < (hi - xv), lo, hi)
+                tie = (xv - lo) == (hi - xv)
+                rne = bool(((s[0, :, 0] == near) | tie).all())
                 what = "rounds to nearest" if rne else "always rounds the same way"
                 lines.append(
                     f"{question} ({fmt}): deterministic: every copy of every value gives the same result, whatever "
