@@ -1078,8 +1078,9 @@ def grade(
         file=sys.stderr,
     )
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    futures = []
     try:
-        futures = [pool.submit(one, key, sub) for key, sub in todo]
+        futures += [pool.submit(one, key, sub) for key, sub in todo]
         for future in as_completed(futures):
             key, result = future.result()
             results[key] = result
@@ -1093,6 +1094,10 @@ def grade(
         raise
     finally:
         pool.shutdown(wait=True)
+        for future in futures:  # finished while the interruption was handled: on disk, so in the CSV too
+            if future.done() and not future.cancelled() and future.exception() is None:
+                key, result = future.result()
+                results[key] = result
         bar.close()
         write_csv(out / "scores.csv", list(results.values()))
         shutil.rmtree(scratch, ignore_errors=True)
