@@ -1,0 +1,230 @@
+"""kernels.fp8_gemm: every kernel against the float64 reference within its stated bound, the block-scaled
+kernels bit for bit against the reference with the same promotion (CPU mode), adversarial inputs, bad
+arguments, the Hopper accumulator model, and cuBLAS (``torch._scaled_mm``) on a GPU."""
+
+import pytest
+import torch
+
+import kernels
+from kernels import fp8_gemm as G
+from kernels import quantize as Q
+
+DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+
+
+def _quant(x, scaling, role, fmt="e4m3"):
+    if scaling == "tensor":
+        return Q.quantize_tensor(x, fmt)
+    if scaling == "row":
+        return Q.quantize_rowwise(x, fmt)
+    return Q.quantize_1x128(x, fmt) if role == "a" else Q.quantize_128x128(x, fmt)
+
+
+def _operands(m, n, k, scaling, a_fmt="e4m3", case="random", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * 2
+    w = torch.randn(n, k, generator=g) * 0.05
+    if case == "row magnitudes":  # rows of very different size: per-row scales matter
+        x = x * torch.logspace(-4, 4, m)[:, None]
+    elif case == "one outlier":
+        x[m // 2, k // 3] = 3e4
+    elif case == "zeros":
+        x = torch.zeros(m, k)
+    elif case == "all-equal":
+        x = torch.full((m, k), -0.75)
+    qa = _quant(x.to(DEVICE), scaling, "a", a_fmt)
+    qb = _quant(w.to(DEVICE), scaling, "b")
+    return qa, qb
+
+
+def _check(c, qa, qb, scaling, name, accumulator=None):
+    ref = G.fp8_gemm_reference(qa.q, qb.q, qa.s, qb.s, scaling)
+    mag = G.magnitudes(qa.q, qb.q, qa.s, qb.s, scaling)
+    ok, msg = G.gemm_tolerance_report(c, ref, mag, accumulator=accumulator)
+    print(f"[{name}] {msg}")
+    assert c.dtype == torch.bfloat16 and c.shape == ref.shape
+    assert ok, f"[{name}] {msg}"
+
+
+SHAPES = [(1, 16, 16), (7, 40, 144), (130, 72, 272)]
+
+
+@pytest.mark.parametrize("scaling", list(G.SCALINGS))
+@pytest.mark.parametrize("kernel", G.KERNELS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_against_float64(scaling, kernel, shape):
+    m, n, k = shape
+    for a_fmt in ("e4m3", "e5m2") if kernel == "persistent" else ("e5m2",):
+        qa, qb = _operands(m, n, k, scaling, a_fmt)
+        c = G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling, kernel=kernel)
+        _check(c, qa, qb, scaling, f"{scaling} {kernel} {shape} a={a_fmt}")
+
+
+@pytest.mark.parametrize("case", ["row magnitudes", "one outlier", "zeros", "all-equal"])
+@pytest.mark.parametrize("scaling", list(G.SCALINGS))
+def test_adversarial(case, scaling):
+    qa, qb = _operands(70, 64, 256, scaling, case=case, seed=1)
+    c = G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling)
+    _check(c, qa, qb, scaling, f"{scaling} {case}")
+    if case == "zeros":
+        assert torch.all(c == 0)
+
+
+def test_v1_against_float64_and_v2():
+    for shape in [(7, 40, 144), (70, 70, 272)]:
+        qa, qb = _operands(*shape, "tensor")
+        c1 = G.fp8_gemm_v1(qa.q, qb.q, qa.s, qb.s)
+        _check(c1, qa, qb, "tensor", f"v1 {shape}")
+        if kernels.INTERPRETER:  # exact dots: the launch order and tile size cannot change a bit
+            c2 = G.fp8_gemm(qa.q, qb.q, qa.s, qb.s)
+            assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+
+
+@pytest.mark.parametrize("kernel", G.KERNELS)
+def test_blockwise_matches_promoted_reference(kernel):
+    for shape in [(7, 40, 144), (130, 136, 384)]:
+        qa, qb = _operands(*shape, "block", seed=2)
+        # scales that differ a lot from block to block along K and N
+        qa = Q.Quantized(qa.q, qa.s * torch.logspace(-3, 3, qa.s.shape[1], device=DEVICE)[None, :])
+        c = G.fp8_gemm_blockwise(qa.q, qb.q, qa.s, qb.s, kernel=kernel)
+        want = G.fp8_gemm_blockwise_reference(qa.q, qb.q, qa.s, qb.s)
+        if kernels.INTERPRETER:
+            assert torch.equal(c.view(torch.int16), want.view(torch.int16)), f"{shape}: not bit-identical"
+        else:  # the compiler may fuse acc + part * s into one FMA: one bf16 ulp at most
+            diff = (c.float() - want.float()).abs()
+            assert torch.all(diff <= 2.0**-7 * want.float().abs() + 1e-30), float(diff.max())
+        _check(c, qa, qb, "block", f"block {kernel} {shape}")
+
+
+def test_nan_codes_propagate():
+    qa, qb = _operands(64, 32, 128, "row")
+    codes = qa.q.view(torch.uint8).clone()
+    codes[5, 7] = Q.NAN_CODE
+    a = codes.view(torch.float8_e4m3fn)
+    c = G.fp8_gemm_rowwise(a, qb.q, qa.s, qb.s)
+    assert torch.isnan(c[5]).all() and not torch.isnan(c[torch.arange(64) != 5]).any()
+
+
+def test_out_dtypes():
+    qa, qb = _operands(40, 48, 160, "row")
+    ref = G.fp8_gemm_reference(qa.q, qb.q, qa.s, qb.s, "row", torch.float64).float()
+    for dt in (torch.float32, torch.float16):
+        c = G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, "row", out_dtype=dt)
+        assert c.dtype == dt
+        rel = ((c.float() - ref).abs() / ref.abs().clamp_min(1e-3)).max().item()
+        print(f"[out {dt}] max rel {rel:.2e}")
+        assert rel < (1e-5 if dt == torch.float32 else 2e-3)
+
+
+def test_empty_and_k_zero():
+    qa, qb = _operands(4, 16, 16, "tensor")
+    c = G.fp8_gemm(qa.q[:0], qb.q, qa.s, qb.s)
+    assert c.shape == (0, 16)
+    z = torch.empty(4, 0, dtype=torch.float8_e4m3fn, device=DEVICE)
+    w = torch.empty(16, 0, dtype=torch.float8_e4m3fn, device=DEVICE)
+    assert torch.all(G.fp8_gemm(z, w, qa.s, qb.s) == 0)
+
+
+def test_bad_arguments():
+    qa, qb = _operands(32, 16, 128, "row")
+    one = torch.ones((), device=DEVICE)
+    with pytest.raises(TypeError, match="a must have dtype float8"):
+        G.fp8_gemm(qa.q.float(), qb.q, qa.s, qb.s, "row")
+    with pytest.raises(ValueError, match="K-major"):
+        G.fp8_gemm(qa.q, qb.q.t(), qa.s, qb.s, "row")  # transposed codes are refused, not silently used
+    with pytest.raises(ValueError, match="same K"):
+        G.fp8_gemm(qa.q, qb.q[:, :64], qa.s, qb.s, "row")
+    with pytest.raises(ValueError, match="a_scale has shape"):
+        G.fp8_gemm(qa.q, qb.q, one, qb.s, "row")
+    with pytest.raises(TypeError, match="float32"):
+        G.fp8_gemm(qa.q, qb.q, qa.s.double(), qb.s, "row")
+    with pytest.raises(ValueError, match="scaling must be"):
+        G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, "column")
+    with pytest.raises(ValueError, match="kernel must be"):
+        G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, "row", kernel="fast")
+    with pytest.raises(TypeError, match="both float8_e5m2"):
+        G.fp8_gemm(qa.q.float().to(torch.float8_e5m2), qb.q.float().to(torch.float8_e5m2), qa.s, qb.s, "row")
+    with pytest.raises(ValueError, match="b_scale has shape"):
+        G.fp8_gemm_blockwise(qa.q, qb.q, torch.ones(32, 1, device=DEVICE), torch.ones(2, 1, device=DEVICE))
+
+
+def test_fp8_path_says_how_operands_reach_the_mma():
+    path = G.fp8_path()
+    print(path)
+    assert ("upcast to bf16" in path) == (not kernels.device.capabilities().fp8 == "native")
+
+
+# -- the accumulator: promotion is what keeps small K-blocks --------------------------------------------
+
+
+def big_then_small(m=16, n=16, k=2048):
+    """Block 0 of K sums 128 products of 1 (B = 128); the 1920 products of the later blocks are 2^-9 =
+    2^-16 B each.  Their sum, 3.75, is visible in bf16 (ulp 1 at 128), but an accumulator that keeps
+    ~13-14 bits below B drops every one of them when they are added to B one MMA at a time."""
+    a = torch.ones(m, k)
+    b = torch.ones(n, k)
+    a[:, 128:] = 2.0**-4
+    b[:, 128:] = 2.0**-5
+    qa = Q.Quantized(a.to(torch.float8_e4m3fn).to(DEVICE), torch.ones(m, k // 128, device=DEVICE))
+    qb = Q.Quantized(b.to(torch.float8_e4m3fn).to(DEVICE), torch.ones(triton_cdiv(n, 128), k // 128, device=DEVICE))
+    return qa, qb
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+def _no_promotion(qa, qb):
+    """One tl.dot chain over all of K (the tensorwise kernel), block scales all 1."""
+    return G.fp8_gemm(qa.q, qb.q, torch.ones((), device=DEVICE), torch.ones((), device=DEVICE), "tensor")
+
+
+def test_promotion_keeps_small_blocks():
+    qa, qb = big_then_small()
+    exact = G.fp8_gemm_blockwise_reference(qa.q, qb.q, qa.s, qb.s).float()
+    if kernels.INTERPRETER:
+        with G.emulate_hopper_fp8_accumulator():
+            promoted = G.fp8_gemm_blockwise(qa.q, qb.q, qa.s, qb.s).float()
+            chained = _no_promotion(qa, qb).float()
+    elif kernels.device.capabilities().fp8 == "native":
+        promoted = G.fp8_gemm_blockwise(qa.q, qb.q, qa.s, qb.s).float()
+        chained = _no_promotion(qa, qb).float()
+    else:
+        pytest.skip("the FP8 accumulator is a property of FP8 tensor cores")
+    print(f"exact {exact[0, 0].item()}, promoted {promoted[0, 0].item()}, one chain {chained[0, 0].item()}")
+    assert torch.equal(promoted, exact)
+    assert (exact - chained).abs().min() > 2.0**-7 * exact.abs().max()
+
+
+def test_accumulator_model_is_exact_for_small_sums():
+    """The model errs within the Hopper bound, and only drops bits below 2^-13 of the largest addend: a
+    short dot of small integers is exact."""
+    if not kernels.INTERPRETER:
+        pytest.skip("the model is for CPU mode")
+    qa, qb = _operands(32, 32, 128, "tensor")
+    with G.emulate_hopper_fp8_accumulator():
+        modelled = G.fp8_gemm(qa.q, qb.q, qa.s, qb.s)
+    _check(modelled, qa, qb, "tensor", "modelled accumulator", accumulator="hopper")
+    a = torch.randint(-4, 5, (16, 64)).float().to(torch.float8_e4m3fn)
+    one = torch.ones(())
+    with G.emulate_hopper_fp8_accumulator():
+        c = G.fp8_gemm(a, a, one, one, out_dtype=torch.float32)
+    assert torch.equal(c, (a.double() @ a.double().T).float())
+
+
+# -- cuBLAS ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="torch._scaled_mm runs cuBLASLt on a GPU")
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_against_scaled_mm(scaling):
+    if kernels.device.capabilities().fp8 != "native":
+        pytest.skip("torch._scaled_mm needs FP8 tensor cores")
+    qa, qb = _operands(512, 768, 1024, scaling)
+    ours = G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling)
+    cublas = G.scaled_mm(qa.q, qb.q, qa.s, qb.s, scaling)
+    _check(cublas, qa, qb, scaling, f"torch._scaled_mm {scaling}")
+    _check(ours, qa, qb, scaling, f"ours {scaling}")
+    diff = (ours.float() - cublas.float()).abs().max().item()
+    print(f"[ours vs cuBLAS {scaling}] max |diff| {diff:.3e}")
