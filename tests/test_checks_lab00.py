@@ -2,7 +2,9 @@
 
 Every diagnosis the checks can give is demanded here from a deliberately wrong solution written the
 way a student would write it, so a check that stopped diagnosing (or started blaming the wrong
-thing) fails a test rather than misleading a student.
+thing) fails a test rather than misleading a student.  ``WRONG_SOLUTIONS`` holds them per otter
+question (``tests/test_wrong_solutions.py`` demands a set for every question of every lab and runs
+each through the lab's own otter test); ``DIAGNOSES`` says what each one's message must contain.
 """
 
 import re
@@ -106,7 +108,7 @@ def stub(b):
     raise NotImplementedError("q1: write round_bf16_bits")
 
 
-WRONG_Q1 = {
+Q1_DIAGNOSES = {
     truncate: [
         "truncates instead of rounding (0x3F808001 -> 0x3F80, want 0x3F81)",
         "NaN became inf",
@@ -146,6 +148,23 @@ WRONG_Q1 = {
     ],
 }
 
+Q1_NAMES = {
+    truncate: "truncates instead of rounding",
+    ties_away: "ties rounded away from zero",
+    ties_away_no_nan: "ties away from zero, no NaN case",
+    ties_down: "ties always rounded down",
+    rounds_up_below_half: "rounds up below the halfway point",
+    no_nan_case: "no NaN case, masked to 16 bits",
+    no_nan_case_unmasked: "no NaN case, not masked",
+    nan_keeps_payload: "NaN keeps its payload",
+    nan_test_catches_inf: "NaN test also catches inf",
+    mantissa_field_only: "rounds the mantissa field alone",
+    saturates: "saturates instead of overflowing",
+    drops_sign: "drops the sign",
+    flushes_subnormals: "flushes subnormals",
+    no_shift: "forgets the shift",
+}
+
 # Diagnoses that each wrong solution must NOT get (one bug, one finding).
 ALL_SMELLS = [
     "truncates",
@@ -170,16 +189,18 @@ def _finding_lines(message: str) -> list:
     return [line for line in message.splitlines() if line.startswith("  - ")]
 
 
-@pytest.mark.parametrize("fn", list(WRONG_Q1), ids=lambda f: f.__name__)
-def test_q1_wrong_solution_is_diagnosed(fn):
+@pytest.mark.parametrize("name", list(Q1_NAMES.values()))
+def test_q1_wrong_solution_is_diagnosed(name):
+    fn = WRONG_SOLUTIONS["q1"][name]
     with pytest.raises(AssertionError) as info:
         lab00.check_round_bf16_bits(fn)
     message = str(info.value)
+    assert not isinstance(info.value, ExerciseNotDone)
     assert message.startswith("q1: round_bf16_bits differs from the hardware cast")
-    for want in WRONG_Q1[fn]:
+    for want in DIAGNOSES["q1"][name]:
         assert want in message, f"{fn.__name__}: expected {want!r} in:\n{message}"
     findings = " ".join(_finding_lines(message))
-    expected = " ".join(WRONG_Q1[fn])
+    expected = " ".join(DIAGNOSES["q1"][name])
     extra = [s for s in ALL_SMELLS if s in findings and s not in expected]
     assert not extra, f"{fn.__name__}: spurious diagnoses {extra} in:\n{message}"
     assert "first mismatches" in message
@@ -288,29 +309,56 @@ def test_q2_package_kernel_passes():
     lab00.check_round_bf16(bf16.fp32_to_bf16_rne)
 
 
-@pytest.mark.parametrize(
-    "mode, wants",
-    [
-        ("truncate", ["truncates instead of rounding (0x3F808001 -> 0x3F80, want 0x3F81)", "NaN became inf"]),
-        ("ties_away", ["ties rounded away from zero (0x3F808000 -> 0x3F81, want 0x3F80)"]),
-        (
-            "no_nan",
-            [
-                "NaN became inf (0x7F800001 -> 0x7F80, want 0x7FFF)",
-                "NaN became zero (0x7FFFFFFF -> 0x8000, want 0x7FFF)",
-            ],
-        ),
-        ("nan_keeps_sign", ["NaN payload/sign not canonical (0xFFC00000 -> 0xFFFF, want 0x7FFF)"]),
-        ("no_store", ["every output is 0x0000, whatever the input", "tl.store"]),
+Q2_MODES = {
+    "truncates instead of rounding": "truncate",
+    "ties rounded away from zero": "ties_away",
+    "no NaN case": "no_nan",
+    "NaN keeps its sign": "nan_keeps_sign",
+    "no tl.store": "no_store",
+}
+Q2_DIAGNOSES = {
+    "truncates instead of rounding": [
+        "truncates instead of rounding (0x3F808001 -> 0x3F80, want 0x3F81)",
+        "NaN became inf",
     ],
-)
-def test_q2_wrong_kernel_is_diagnosed(mode, wants):
+    "ties rounded away from zero": ["ties rounded away from zero (0x3F808000 -> 0x3F81, want 0x3F80)"],
+    "no NaN case": [
+        "NaN became inf (0x7F800001 -> 0x7F80, want 0x7FFF)",
+        "NaN became zero (0x7FFFFFFF -> 0x8000, want 0x7FFF)",
+    ],
+    "NaN keeps its sign": ["NaN payload/sign not canonical (0xFFC00000 -> 0xFFFF, want 0x7FFF)"],
+    "no tl.store": ["every output is 0x0000, whatever the input", "tl.store"],
+}
+
+# The convention every lab's check tests follow: per otter question, deliberately wrong solutions by
+# description, and what each one's diagnosis must contain.
+WRONG_SOLUTIONS = {
+    "q1": {name: fn for fn, name in Q1_NAMES.items()},
+    "q2": {name: launcher(mode) for name, mode in Q2_MODES.items()},
+}
+DIAGNOSES = {
+    "q1": {name: Q1_DIAGNOSES[fn] for fn, name in Q1_NAMES.items()},
+    "q2": Q2_DIAGNOSES,
+}
+CHECKS = {"q1": lab00.check_round_bf16_bits, "q2": lab00.check_round_bf16}
+
+
+def test_every_question_has_wrong_solutions_with_diagnoses():
+    assert set(WRONG_SOLUTIONS) == set(DIAGNOSES) == set(CHECKS) == {"q1", "q2"}
+    for q, wrongs in WRONG_SOLUTIONS.items():
+        assert wrongs and set(wrongs) == set(DIAGNOSES[q]), q
+    assert set(Q1_NAMES) == set(Q1_DIAGNOSES)
+
+
+@pytest.mark.parametrize("name", list(Q2_MODES))
+def test_q2_wrong_kernel_is_diagnosed(name):
     with pytest.raises(AssertionError) as info:
-        lab00.check_round_bf16(launcher(mode))
+        lab00.check_round_bf16(WRONG_SOLUTIONS["q2"][name])
     message = str(info.value)
+    assert not isinstance(info.value, ExerciseNotDone)
     assert message.startswith("q2: your kernel differs from the hardware cast")
-    for want in wants:
-        assert want in message, f"{mode}: expected {want!r} in:\n{message}"
+    for want in DIAGNOSES["q2"][name]:
+        assert want in message, f"{name}: expected {want!r} in:\n{message}"
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")

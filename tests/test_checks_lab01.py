@@ -2,7 +2,9 @@
 
 The wrong decoders and encoders below are written the way a student would write them; every
 diagnosis the checks can give for the encoder is demanded of one of them, and none may get a
-diagnosis that belongs to another bug.
+diagnosis that belongs to another bug.  ``WRONG_SOLUTIONS`` holds them per otter question
+(``tests/test_wrong_solutions.py`` demands a set for every question of every lab and runs each
+through the lab's own otter test); ``DIAGNOSES`` says what each one's message must contain.
 """
 
 import importlib.util
@@ -151,7 +153,7 @@ DECODE_SMELLS = [
 
 @pytest.mark.parametrize("case", list(WRONG_Q1))
 def test_q1_wrong_decoder_is_diagnosed(case):
-    fn, wants = WRONG_Q1[case]
+    fn, wants = WRONG_SOLUTIONS["q1"][case], DIAGNOSES["q1"][case]
     with pytest.raises(AssertionError) as info:
         lab01.check_decode(fn)
     message = str(info.value)
@@ -357,12 +359,13 @@ def _findings(message: str) -> str:
 @pytest.mark.parametrize("mode", list(WRONG_Q2))
 def test_q2_wrong_kernel_is_diagnosed(mode):
     with pytest.raises(AssertionError) as info:
-        lab01.check_encode(launcher(mode))
+        lab01.check_encode(WRONG_SOLUTIONS["q2"][mode])
     message = str(info.value)
+    assert not isinstance(info.value, ExerciseNotDone)
     assert message.startswith("q2: your kernel differs from the hardware conversion to e4m3fn on ")
-    for want in WRONG_Q2[mode]:
+    for want in DIAGNOSES["q2"][mode]:
         assert want in message, f"{mode}: expected {want!r} in:\n{message}"
-    findings, expected = _findings(message), " ".join(WRONG_Q2[mode])
+    findings, expected = _findings(message), " ".join(DIAGNOSES["q2"][mode])
     spurious = [s for s in SMELLS if s in findings and s not in expected]
     assert not spurious, f"{mode}: spurious diagnoses {spurious} in:\n{message}"
     assert "first mismatches" in message
@@ -500,7 +503,7 @@ WRONG_Q3 = {
 
 @pytest.mark.parametrize("case", list(WRONG_Q3))
 def test_q3_wrong_table_is_diagnosed(case):
-    fn, *wants = WRONG_Q3[case]
+    fn, wants = WRONG_SOLUTIONS["q3"][case], DIAGNOSES["q3"][case]
     with pytest.raises(AssertionError) as info:
         lab01.check_format_table(fn)
     message = str(info.value)
@@ -570,17 +573,50 @@ def counts_zero(ocp, fnuz):
     return [0] + differ, not_halved
 
 
-@pytest.mark.parametrize(
-    "fn, wants",
-    [
-        (ignores_signed_zero, ["e4m3fn vs e4m3fnuz, differ: missing 0x80 (0x80 is -0 in OCP but NaN in FNUZ"]),
-        (compares_codes, ["differ: missing 0x01..0xFF (compare the decoded values, not the codes"]),
-        (nan_counts_as_halved, ["not_halved: missing 0x80"]),
-        (counts_zero, ["differ: not expected 0x00 (0x00 is +0 in both)"]),
-    ],
-    ids=lambda v: getattr(v, "__name__", ""),
-)
-def test_q4_wrong_answers_are_diagnosed(fn, wants):
+WRONG_Q4 = {
+    "-0 and NaN treated as equal": (
+        ignores_signed_zero,
+        ["e4m3fn vs e4m3fnuz, differ: missing 0x80 (0x80 is -0 in OCP but NaN in FNUZ"],
+    ),
+    "codes compared, not values": (
+        compares_codes,
+        ["differ: missing 0x01..0xFF (compare the decoded values, not the codes"],
+    ),
+    "NaN counted as halved": (nan_counts_as_halved, ["not_halved: missing 0x80"]),
+    "zero counted as different": (counts_zero, ["differ: not expected 0x00 (0x00 is +0 in both)"]),
+}
+
+# The convention every lab's check tests follow: per otter question, deliberately wrong solutions by
+# description, and what each one's diagnosis must contain.
+WRONG_SOLUTIONS = {
+    "q1": {case: fn for case, (fn, _) in WRONG_Q1.items()},
+    "q2": {mode: launcher(mode) for mode in WRONG_Q2},
+    "q3": {case: fn for case, (fn, *_) in WRONG_Q3.items()},
+    "q4": {case: fn for case, (fn, _) in WRONG_Q4.items()},
+}
+DIAGNOSES = {
+    "q1": {case: wants for case, (_, wants) in WRONG_Q1.items()},
+    "q2": dict(WRONG_Q2),
+    "q3": {case: wants for case, (_, *wants) in WRONG_Q3.items()},
+    "q4": {case: wants for case, (_, wants) in WRONG_Q4.items()},
+}
+CHECKS = {
+    "q1": lab01.check_decode,
+    "q2": lab01.check_encode,
+    "q3": lab01.check_format_table,
+    "q4": lab01.check_fnuz_vs_ocp,
+}
+
+
+def test_every_question_has_wrong_solutions_with_diagnoses():
+    assert set(WRONG_SOLUTIONS) == set(DIAGNOSES) == set(CHECKS) == {"q1", "q2", "q3", "q4"}
+    for q, wrongs in WRONG_SOLUTIONS.items():
+        assert wrongs and set(wrongs) == set(DIAGNOSES[q]), q
+
+
+@pytest.mark.parametrize("case", list(WRONG_Q4))
+def test_q4_wrong_answers_are_diagnosed(case):
+    fn, wants = WRONG_SOLUTIONS["q4"][case], DIAGNOSES["q4"][case]
     with pytest.raises(AssertionError) as info:
         lab01.check_fnuz_vs_ocp(fn)
     message = str(info.value)
