@@ -185,7 +185,7 @@ class FP8Linear(torch.nn.Linear):
     """``nn.Linear`` with its three GEMMs in FP8: same constructor, parameters and state_dict, plus a
     ``recipe`` (:class:`FP8Recipe`).  ``in_features`` and ``out_features`` must be multiples of 16
     (keep odd-sized layers in bf16).  With delayed scaling the amax histories are buffers of the
-    module's extra state, so ``state_dict`` checkpoints them."""
+    in ``state_dict`` (``amax_history_x``, ``_w``, ``_dy``), so checkpoints keep them."""
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, recipe=None):
         for name, v in (("in_features", in_features), ("out_features", out_features)):
@@ -218,12 +218,23 @@ class FP8Linear(torch.nn.Linear):
     def forward(self, x):
         return fp8_linear(x, self.weight, self.bias, self.recipe, self.states)
 
-    def get_extra_state(self) -> dict:
-        return {k: v.state_dict() for k, v in (self.states or {}).items()}
+    # With delayed scaling the histories join the state_dict as "amax_history_{x,w,dy}"; with current
+    # scaling the state_dict is exactly nn.Linear's.
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for role, state in (self.states or {}).items():
+            destination[f"{prefix}amax_history_{role}"] = state.amax_history.clone()
 
-    def set_extra_state(self, state: dict) -> None:
-        for k, v in state.items():
-            self.states[k].load_state_dict(v)
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+        for role, state in (self.states or {}).items():
+            key = f"{prefix}amax_history_{role}"
+            if key in state_dict:
+                state.amax_history = state_dict[key].detach().clone().to(state.amax_history.device)
+                if key in unexpected:
+                    unexpected.remove(key)
+            elif strict:
+                missing.append(key)
 
     def amax_histories(self) -> dict:
         """The delayed-scaling histories (newest first), or {} with current scaling."""
@@ -381,7 +392,7 @@ def train_markov(
             for p, m in zip(model.parameters(), master, strict=True):
                 p.copy_(m)
         if step % log_every == 0 or step == steps - 1:
-            losses.append(float(loss))
+            losses.append(loss.item())
     return losses, entropy
 
 
