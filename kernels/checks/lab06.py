@@ -1,0 +1,351 @@
+"""Checks for Lab 6 (FP4 weight-only): quantizers, dequantizer, the W4A16 GEMM, Hadamard rotation.
+
+Each check runs the student's function on fixed, device-independent inputs, compares with
+:mod:`kernels.fp4` (bit for bit where the operation is exact), and on failure says which numerical
+mistake the output looks like: nibbles in the wrong order, an E8M0 exponent off by one, the NVFP4
+tensor scale left out, rounding toward zero, ties away from zero, a lost sign, a missing 1/sqrt(B).
+"""
+
+import numpy as np
+import torch
+
+import kernels
+from kernels import fp4
+from kernels.checks import call_student, constant_output
+from kernels.testing import first_mismatches
+
+GRID = torch.tensor(fp4.E2M1_VALUES, dtype=torch.float64)
+
+
+def _device() -> str:
+    return "cpu" if kernels.INTERPRETER else "cuda"
+
+
+# -- the fixed inputs -------------------------------------------------------------------------------------
+
+
+def quantizer_inputs() -> dict:
+    """Named fp32 matrices (rows x K, K a multiple of 32): each exercises one part of the recipe."""
+    g = torch.Generator().manual_seed(6)
+    random = torch.randn(8, 128, generator=g) * 3
+    # A block of exact ties for MXFP4: amax 6 gives e = floor(log2 6) - 2 = 0, S = 1, so the elements
+    # are the scaled values themselves: every midpoint between E2M1 neighbours, both signs.
+    mids = ((GRID[1:] + GRID[:-1]) / 2).float()  # 0.25 0.75 1.25 1.75 2.5 3.5 5
+    tie_row = torch.cat([mids, -mids, torch.tensor([6.0, -6.0]), mids * 0.999, mids * 1.001, torch.zeros(2)])
+    ties = torch.stack([tie_row, tie_row.flip(0)])  # (2, 32)
+    ties = torch.cat([ties, ties * 4], dim=1)  # a second block at S = 4
+    special = torch.randn(4, 64, generator=g)
+    special[0, :32] = 0.0  # an all-zero block
+    special[1, :16] = -0.0  # negative zeros
+    special[2, 5] = 7.9  # OCP's floor rule: S = 1 for amax 7.9, so 7.9 saturates to 6
+    special[3, 40] = 300.0  # an outlier that sets its block's scale
+    wide = torch.randn(3, 64, generator=g) * torch.logspace(-6, 6, 64)  # blocks across 12 decades
+    return {"random": random, "ties": ties, "zero/negative zero/saturation": special, "wide range": wide}
+
+
+# -- q1: the quantizers ---------------------------------------------------------------------------------------
+
+
+def _as_fp4(out, fmt: str, question: str, name: str) -> fp4.FP4Tensor:
+    if isinstance(out, fp4.FP4Tensor):
+        q, s, ts = out.q, out.s, out.tensor_scale
+    elif isinstance(out, tuple | list) and len(out) == 3:
+        q, s, ts = out
+    else:
+        raise AssertionError(f"{question}: {name} must return (q, s, tensor_scale), got {type(out).__name__}")
+    for what, t in (("q", q), ("s", s)):
+        if not isinstance(t, torch.Tensor):
+            raise AssertionError(f"{question}: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dtype != torch.uint8:
+        raise AssertionError(f"{question}: q must be uint8 (two codes per byte), got {q.dtype}")
+    if s.dtype not in (torch.uint8, torch.float8_e4m3fn):
+        raise AssertionError(f"{question}: s must hold scale bytes (uint8 or float8_e4m3fn), got {s.dtype}")
+    s = s.view(torch.uint8).view(torch.float8_e4m3fn) if fmt == "nvfp4" else s.view(torch.uint8)
+    if fmt == "nvfp4":
+        if not isinstance(ts, torch.Tensor) or ts.numel() != 1:
+            raise AssertionError(f"{question}: NVFP4 needs its tensor scale: a one-element fp32 tensor, got {ts!r}")
+        ts = ts.float().reshape(())
+    return fp4.FP4Tensor(q.cpu(), s.cpu(), ts.cpu() if isinstance(ts, torch.Tensor) else None, fmt)
+
+
+def _scaled_magnitudes(x: torch.Tensor, ref: fp4.FP4Tensor) -> torch.Tensor:
+    """|x| / S per element, with the reference's S and its reciprocal taken as the kernel takes it."""
+    bs = fp4.FORMATS[ref.fmt]
+    m, k = x.shape
+    if ref.fmt == "nvfp4":
+        denom = ref.s.float() * ref.tensor_scale
+        inv = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-45), torch.zeros_like(denom))
+    else:
+        inv = 2.0 ** -(ref.s.to(torch.float32) - 127)
+    return (x.reshape(m, k // bs, bs) * inv[..., None]).abs().reshape(m, k)
+
+
+def _codes_toward_zero(mag):
+    return sum((mag >= g).to(torch.int32) for g in GRID[1:].float())
+
+
+def _codes_ties_away(mag):
+    return sum((mag >= g).to(torch.int32) for g in ((GRID[1:] + GRID[:-1]) / 2).float())
+
+
+def _swap_nibbles(b: torch.Tensor) -> torch.Tensor:
+    return ((b & 0xF) << 4) | (b >> 4)
+
+
+def diagnose_quantizer(x: torch.Tensor, got: fp4.FP4Tensor, want: fp4.FP4Tensor) -> list:
+    """What is wrong with ``got`` (codes, scales) for input ``x``, most basic first; [] if it is right."""
+    fmt = want.fmt
+    if got.q.shape != want.q.shape:
+        return [f"q has shape {tuple(got.q.shape)}, want {tuple(want.q.shape)}: (rows, K // 2), two codes per byte"]
+    if got.s.shape != want.s.shape:
+        return [f"s has shape {tuple(got.s.shape)}, want {tuple(want.s.shape)}: one scale per block of the row"]
+    smell = constant_output(got.q.numpy().ravel(), want.q.numpy().ravel())
+    if smell:
+        return [f"the packed codes: {smell}"]
+    gs, ws = got.s.view(torch.uint8).to(torch.int32), want.s.view(torch.uint8).to(torch.int32)
+    if fmt == "nvfp4":
+        ts_ok = torch.equal(got.tensor_scale, want.tensor_scale)
+        no_ts = fp4.quantize_fp4_reference(x, "nvfp4", tensor_scale=torch.tensor(1.0))
+        if (not ts_ok and got.tensor_scale.item() == 1.0) or (
+            torch.equal(gs, no_ts.s.view(torch.uint8).to(torch.int32)) and not torch.equal(gs, ws)
+        ):
+            return [
+                "NVFP4 tensor scale ignored: the tensor scale must be amax / (448 * 6) = "
+                f"{want.tensor_scale.item():.6g} and each block scale e4m3(block_amax / (6 * tensor_scale)), "
+                "so the E4M3 block scales use their whole range; without it small blocks underflow E4M3"
+            ]
+        if not ts_ok:
+            return [
+                f"tensor scale is {got.tensor_scale.item():.9g}, want amax / (448 * 6) = "
+                f"{want.tensor_scale.item():.9g} (amax over the finite elements, fp32 division)"
+            ]
+    if not torch.equal(gs, ws):
+        d = (gs - ws)[gs != ws]
+        if fmt == "mxfp4" and d.numel() and bool((d == d[0]).all()) and abs(int(d[0])) == 1:
+            way = "too high" if int(d[0]) > 0 else "too low"
+            return [
+                f"E8M0 scale off by one: every differing exponent is one {way} (byte {int(gs[gs != ws][0])} "
+                f"for {int(ws[gs != ws][0])}); OCP's rule is e = floor(log2(block_amax)) - 2, since E2M1's "
+                "largest value 6 = 1.5 * 2^2, stored as e + 127"
+            ]
+        bad = np.flatnonzero((gs != ws).numpy().ravel())
+        what = "E4M3 block scales" if fmt == "nvfp4" else "E8M0 block scales"
+        return [first_mismatches(np.empty(0), gs.numpy(), ws.numpy(), bad, what=f"{what} (as bytes)")]
+    if torch.equal(got.q, want.q):
+        return []
+    if torch.equal(_swap_nibbles(got.q), want.q):
+        return [
+            "nibbles swapped: element 2i belongs in the LOW nibble (bits 0-3) and element 2i+1 in the high "
+            "nibble, the order of torch.float4_e2m1fn_x2"
+        ]
+    gc, wc = fp4.unpack(got.q).to(torch.int32), fp4.unpack(want.q).to(torch.int32)
+    bad_mask = gc != wc
+    if torch.equal(gc & 7, wc & 7):
+        return ["signs lost: a negative value's code has bit 3 set (code | 8), -0.0 included"]
+    mag = _scaled_magnitudes(x, want).clamp(max=6.0)
+    sign = wc & 8
+    rtz, away = _codes_toward_zero(mag) | sign, _codes_ties_away(mag) | sign
+    if torch.equal(gc[bad_mask], rtz[bad_mask]):
+        return [
+            f"rounded toward zero: {int(bad_mask.sum())} codes are the E2M1 value just below |x| / S instead of "
+            "the nearest one (round to nearest, ties to even: 1.2 -> 1.0 but 1.3 -> 1.5)"
+        ]
+    if torch.equal(gc[bad_mask], away[bad_mask]):
+        return ["ties rounded away from zero: a tie between two E2M1 values goes to the even code (0.25 -> 0, 5 -> 4)"]
+    over = (_scaled_magnitudes(x, want) > 6.0) & bad_mask
+    if over.any() and not (bad_mask & ~over).any():
+        return ["no saturation: values beyond 6 * S must become code 7 (6.0), the largest E2M1 value"]
+    bad = np.flatnonzero(bad_mask.numpy().ravel())
+    return [first_mismatches(x.numpy(), gc.numpy(), wc.numpy(), bad, what="E2M1 codes")]
+
+
+def check_quantize(fn) -> None:
+    """q1: ``fn(x, fmt)`` -> ``(q, s, tensor_scale)`` for fmt "nvfp4" and "mxfp4", bit for bit."""
+    question, name = "q1", "quantize_fp4"
+    dev = _device()
+    problems, cases = [], 0
+    for fmt in fp4.FORMATS:
+        for label, x in quantizer_inputs().items():
+            out = call_student(fn, x.to(dev), fmt, name=name, question=question)
+            got = _as_fp4(out, fmt, question, name)
+            want = fp4.quantize_fp4_reference(x, fmt)
+            found = diagnose_quantizer(x, got, want)
+            cases += 1
+            if found:
+                problems.append(f"{fmt}, input '{label}': {found[0]}")
+                break  # one diagnosis per format: the first input that shows it
+    if problems:
+        raise AssertionError(f"{question}: {name} is wrong\n" + "\n".join(f"  - {p}" for p in problems))
+    print(f"{question} passed: {cases} inputs, NVFP4 and MXFP4 codes, scales and tensor scale bit for bit")
+
+
+# -- q2: the dequantizer --------------------------------------------------------------------------------------
+
+
+def check_dequantize(fn) -> None:
+    """q2: ``fn(q, s, tensor_scale, fmt)`` -> fp32 ``(rows, K)``: exact for MXFP4, one rounding for NVFP4."""
+    question, name = "q2", "dequantize_fp4"
+    dev = _device()
+    problems = []
+    for fmt in fp4.FORMATS:
+        for label, x in quantizer_inputs().items():
+            t = fp4.quantize_fp4_reference(x, fmt)
+            ts = t.tensor_scale.to(dev) if t.tensor_scale is not None else None
+            out = call_student(fn, t.q.to(dev), t.s.to(dev), ts, fmt, name=name, question=question)
+            if not isinstance(out, torch.Tensor):
+                raise AssertionError(f"{question}: {name} must return a torch.Tensor, got {type(out).__name__}")
+            got = out.detach().cpu().float()
+            want = fp4.dequantize_fp4_reference(t)
+            if got.shape != want.shape:
+                raise AssertionError(f"{question}: {name} returned shape {tuple(got.shape)}, want {tuple(want.shape)}")
+            found = _diagnose_dequant(got, want, t)
+            if found:
+                problems.append(f"{fmt}, input '{label}': {found}")
+                break
+    if problems:
+        raise AssertionError(f"{question}: {name} is wrong\n" + "\n".join(f"  - {p}" for p in problems))
+    print(f"{question} passed: MXFP4 exact, NVFP4 within one fp32 rounding, on {len(quantizer_inputs())} inputs each")
+
+
+def _close(a, b, rel=2.0**-22) -> bool:
+    return bool(((a - b).abs() <= rel * b.abs()).all())
+
+
+def _diagnose_dequant(got, want, t) -> str:
+    if _close(got, want):
+        return ""
+    smell = constant_output(got.numpy().ravel(), want.numpy().ravel(), show=lambda v: f"{v:g}")
+    if smell:
+        return smell
+    swapped = fp4.dequantize_fp4_reference(t._replace(q=_swap_nibbles(t.q)))
+    if _close(got, swapped) and not _close(want, swapped):
+        return "nibbles swapped: element 2i is the LOW nibble of byte i, element 2i+1 the high nibble"
+    if t.fmt == "nvfp4" and _close(got * t.tensor_scale, want):
+        return "NVFP4 tensor scale ignored: x = q * block_scale * tensor_scale"
+    if t.fmt == "mxfp4":
+        for f in (2.0, 0.5):
+            if _close(got, want * f):
+                return f"E8M0 scale off by one: every value is {f:g}x what it should be; S = 2^(byte - 127)"
+    if _close(got, want.abs()):
+        return "signs lost: code bit 3 is the sign"
+    bad = np.flatnonzero(((got - want).abs() > 2.0**-22 * want.abs()).numpy().ravel())
+    return first_mismatches(np.empty(0), got.numpy(), want.numpy(), bad, what="dequantized values")
+
+
+# -- q3: the W4A16 GEMM ---------------------------------------------------------------------------------------
+
+
+def gemm_inputs() -> dict:
+    g = torch.Generator().manual_seed(16)
+    a = torch.randn(5, 128, generator=g).to(torch.bfloat16)
+    w = torch.randn(48, 128, generator=g) * 0.5
+    w[:, 3] *= 20.0  # an outlier column: blocks with different scales
+    return {"a": a, "w": w}
+
+
+def check_w4a16(fn) -> None:
+    """q3: ``fn(a, q, s, tensor_scale, fmt)`` -> bf16 ``a @ W^T`` within bf16 GEMM tolerance of float64."""
+    question, name = "q3", "w4a16_matmul"
+    dev = _device()
+    inp = gemm_inputs()
+    a = inp["a"]
+    problems, report = [], []
+    for fmt in fp4.FORMATS:
+        t = fp4.quantize_fp4_reference(inp["w"], fmt)
+        ts = t.tensor_scale.to(dev) if t.tensor_scale is not None else None
+        out = call_student(fn, a.to(dev), t.q.to(dev), t.s.to(dev), ts, fmt, name=name, question=question)
+        if not isinstance(out, torch.Tensor):
+            raise AssertionError(f"{question}: {name} must return a torch.Tensor, got {type(out).__name__}")
+        want_shape = (a.shape[0], t.q.shape[0])
+        if tuple(out.shape) != want_shape:
+            raise AssertionError(f"{question}: {name} returned shape {tuple(out.shape)}, want (M, N) = {want_shape}")
+        if out.dtype != torch.bfloat16:
+            raise AssertionError(
+                f"{question}: {name} must return bf16 (the fp32 accumulator rounded once), got {out.dtype}"
+            )
+        got = out.detach().cpu().double()
+
+        def product(tt):
+            return a.double() @ fp4.dequantize_fp4_reference(tt).double().T
+
+        want = product(t)
+        tol = 1e-2 * want.abs().max().item()  # bf16 output: 2^-8 of the largest output, plus sum order
+
+        def near(ref, got=got, tol=tol):
+            return bool(((got - ref).abs() <= tol + 1e-2 * ref.abs()).all())
+
+        err = (got - want).abs().max().item()
+        report.append(f"{fmt} max_abs {err:.3g}")
+        if near(want):
+            continue
+        unscaled = a.double() @ fp4.e2m1_decode(fp4.unpack(t.q)).double().T
+        if t.tensor_scale is not None:
+            unscaled = unscaled * t.tensor_scale.double()
+        if torch.unique(got).numel() == 1:
+            problems.append(
+                f"{fmt}: every output is {got.flatten()[0].item():g}: is the accumulator stored, with its mask?"
+            )
+        elif near(product(t._replace(q=_swap_nibbles(t.q)))):
+            problems.append(f"{fmt}: nibbles swapped: element 2i of a row is the LOW nibble of byte i")
+        elif fmt == "nvfp4" and near(want / t.tensor_scale.double()):
+            problems.append(f"{fmt}: NVFP4 tensor scale ignored: multiply the accumulator by tensor_scale")
+        elif near(unscaled):
+            problems.append(f"{fmt}: block scales not applied: each code is multiplied by its block's scale")
+        else:
+            bad = np.flatnonzero(((got - want).abs() > tol + 1e-2 * want.abs()).numpy().ravel())
+            problems.append(first_mismatches(np.empty(0), got.numpy(), want.numpy(), bad, what=f"{fmt} outputs"))
+    if problems:
+        raise AssertionError(f"{question}: {name} is wrong\n" + "\n".join(f"  - {p}" for p in problems))
+    print(f"{question} passed: NVFP4 and MXFP4 weights, within bf16 tolerance of float64 ({', '.join(report)})")
+
+
+# -- q4: the Hadamard rotation --------------------------------------------------------------------------------
+
+
+def check_hadamard(fn) -> None:
+    """q4: ``fn(x, block, signs)`` -> ``x R`` per block, R = diag(signs) H / sqrt(block), in x's dtype."""
+    question, name = "q4", "hadamard_rotate"
+    dev = _device()
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(8, 256, generator=g).to(torch.bfloat16)
+    problems = []
+    for block in fp4.HADAMARD_BLOCKS:
+        d = fp4.random_signs(block, seed=block)
+        out = call_student(fn, x.to(dev), block, d.to(dev), name=name, question=question)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x.shape):
+            raise AssertionError(f"{question}: {name} must return a tensor of x's shape {tuple(x.shape)}")
+        got = out.detach().cpu().double()
+        want = fp4.hadamard_rotate_reference(x.float(), block, d).double()
+
+        def near(ref, got=got):
+            return bool(((got - ref).abs() <= 1e-2 + 1e-2 * ref.abs()).all())  # bf16 output: 2^-8
+
+        if near(want):
+            continue
+        h = fp4.hadamard_matrix(block, dtype=torch.float64)
+        xb = x.double().reshape(8, -1, block)
+        if near(want * block**0.5):
+            problems.append(f"block {block}: not normalized: divide by sqrt({block}) so that R is orthonormal")
+        elif near(fp4.hadamard_rotate_reference(x.float(), block).double()):
+            problems.append(f"block {block}: the random signs are ignored: multiply x by signs before H")
+        elif near(((xb @ h) * d.double()).reshape(8, -1)):
+            problems.append(f"block {block}: signs applied after H (that is the inverse's order): x * signs, then H")
+        elif near((x.double() @ fp4.hadamard_matrix(256, dtype=torch.float64)).reshape(8, -1)):
+            problems.append(f"block {block}: rotated the whole row at once: each block of {block} on its own")
+        else:
+            bad = np.flatnonzero(((got - want).abs() > 1e-2 + 1e-2 * want.abs()).numpy().ravel())
+            problems.append(first_mismatches(np.empty(0), got.numpy(), want.numpy(), bad, what=f"block {block}"))
+    if problems:
+        raise AssertionError(f"{question}: {name} is wrong\n" + "\n".join(f"  - {p}" for p in problems))
+    print(f"{question} passed: blocks {fp4.HADAMARD_BLOCKS}, within bf16 tolerance of the float64 rotation")
+
+
+__all__ = [
+    "check_dequantize",
+    "check_hadamard",
+    "check_quantize",
+    "check_w4a16",
+    "diagnose_quantizer",
+    "gemm_inputs",
+    "quantizer_inputs",
+]
