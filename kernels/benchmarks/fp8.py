@@ -1,0 +1,119 @@
+"""Chapter 5's FP8 GEMMs and FP8 linear layer against cuBLAS (``torch._scaled_mm``) and bf16.
+
+FLOPs counted per call: ``2 * M * N * K`` for a GEMM (scales and quantization are not counted: the
+operands arrive quantized, as in a layer whose quantization is fused upstream); ``3 * 2 * T * in * out``
+for a linear layer's forward + backward (Y, dX, dW), whose timed call *includes* every quantization.
+Operands are random bf16 data quantized once before timing; every result is checked against the float64
+reference (on a slice of rows) before it is timed.
+"""
+
+import torch
+
+from kernels.benchmarks import benchmark, measure
+
+# (M, N, K): square sizes, a wide-N / short-K case, and an LLM projection (16384 tokens, K = 1024).
+SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 4096), (16384, 8192, 1024))
+LINEAR = (8192, 8192, 8192)  # tokens, in_features, out_features
+CHECK_ROWS = 256
+
+
+def _operands(m, n, k, scaling, seed=0):
+    from kernels import quantize as Q
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * k**-0.5
+    if scaling == "tensor":
+        qa, qb = Q.quantize_tensor(x), Q.quantize_tensor(w)
+    elif scaling == "row":
+        qa, qb = Q.quantize_rowwise(x), Q.quantize_rowwise(w)
+    else:
+        qa, qb = Q.quantize_1x128(x), Q.quantize_128x128(w)
+    return x, w, qa, qb
+
+
+def _check(name, c, qa, qb, scaling):
+    from kernels import fp8_gemm as G
+
+    r = CHECK_ROWS
+    sa = qa.s if scaling == "tensor" else qa.s[:r]
+    ref = G.fp8_gemm_reference(qa.q[:r], qb.q, sa, qb.s, scaling)
+    mag = G.magnitudes(qa.q[:r], qb.q, sa, qb.s, scaling)
+    ok, msg = G.gemm_tolerance_report(c[:r], ref, mag)
+    if not ok:
+        raise AssertionError(f"{name}: {msg}; not timing a wrong kernel")
+
+
+def _gemm_bench(name, scaling, cublas_scaling):
+    from kernels import fp8_gemm as G
+
+    records = []
+    for m, n, k in SHAPES:
+        x, w, qa, qb = _operands(m, n, k, scaling)
+        ours = lambda qa=qa, qb=qb: G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling)  # noqa: E731
+        _check(name, ours(), qa, qb, scaling)
+        if cublas_scaling == scaling:
+            ca, cb = qa, qb
+        else:  # blockwise is compared with cuBLAS's tensorwise GEMM on the same data
+            _, _, ca, cb = _operands(m, n, k, cublas_scaling)
+        baselines = {
+            f"torch._scaled_mm {'tensorwise' if cublas_scaling == 'tensor' else 'rowwise'}": (
+                lambda ca=ca, cb=cb: G.scaled_mm(ca.q, cb.q, ca.s, cb.s, cublas_scaling)
+            ),
+            "torch.matmul bf16": lambda x=x, w=w: torch.matmul(x, w.T),
+        }
+        records += measure(name, f"{m}x{n}x{k}", "TFLOP/s", 2.0 * m * n * k, ours, baselines)
+        del x, w, qa, qb
+        torch.cuda.empty_cache()
+    return records
+
+
+@benchmark("fp8_gemm_tensorwise")
+def _bench_tensorwise():
+    """Persistent TMA kernel, one scale per operand in the epilogue, vs cuBLAS with the same scaling."""
+    return _gemm_bench("fp8_gemm_tensorwise", "tensor", "tensor")
+
+
+@benchmark("fp8_gemm_rowwise")
+def _bench_rowwise():
+    """Per-row scales of both operands in the epilogue, vs cuBLAS rowwise."""
+    return _gemm_bench("fp8_gemm_rowwise", "row", "row")
+
+
+@benchmark("fp8_gemm_blockwise")
+def _bench_blockwise():
+    """1x128 x 128x128 block scales with fp32 promotion every 128 K, vs cuBLAS tensorwise."""
+    return _gemm_bench("fp8_gemm_blockwise", "block", "tensor")
+
+
+@benchmark("fp8_linear")
+def _bench_linear():
+    """FP8Linear forward + backward (quantizations included) vs bf16 nn.Linear, same weights and data."""
+    from kernels.fp8_linear import BF16_TOLERANCE, FP8Linear, relative_error
+
+    t, i, o = LINEAR
+    ref = torch.nn.Linear(i, o, bias=False, device="cuda", dtype=torch.bfloat16)
+    fp8 = FP8Linear.from_linear(ref)
+    x = torch.randn(t, i, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(t, o, device="cuda", dtype=torch.bfloat16) * 1e-3
+
+    def step(layer):
+        x.grad = None
+        layer.weight.grad = None
+        layer(x).backward(dy)
+
+    step(fp8)
+    got = (x.grad.clone(), fp8.weight.grad.clone())
+    step(ref)
+    for name, g, r in zip(("dx", "dw"), got, (x.grad, ref.weight.grad), strict=True):
+        err = relative_error(g, r)
+        if err > BF16_TOLERANCE[name]:
+            raise AssertionError(f"fp8_linear: {name} is {err:.3f} from bf16; not timing a wrong layer")
+    return measure(
+        "fp8_linear",
+        f"{t}x{i}x{o}",
+        "TFLOP/s",
+        3 * 2.0 * t * i * o,
+        lambda: step(fp8),
+        {"nn.Linear bf16": lambda: step(ref)},
+    )
