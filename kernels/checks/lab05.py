@@ -1,0 +1,336 @@
+"""Checks for Lab 5, FP8 training: scaled FP8 GEMMs and an FP8 linear layer.
+
+* q1 :func:`check_gemm_v1`: ``fn(a, b, a_scale, b_scale)`` -> bf16 ``(M, N)``, tensorwise scales.
+* q2 :func:`check_gemm_v2`: the same contract for the pipelined, grouped-order kernel, on shapes of
+  many tiles with ragged edges.
+* q3 :func:`check_gemm_rowwise`: ``a_scale`` ``(M, 1)``, ``b_scale`` ``(N, 1)``.
+* q4 :func:`check_gemm_blockwise`: ``a_scale`` ``(M, K/128)`` (1x128), ``b_scale`` ``(N/128, K/128)``
+  (128x128), with fp32 promotion of every 128-K partial product.
+* q5 :func:`check_fp8_linear`: ``fn(x, w)`` -> ``y = x @ w.T`` through FP8 (rowwise scales, E4M3
+  forward, E5M2 gradients), differentiable; forward and both gradients within the stated tolerances of
+  bf16.
+* q6 :func:`check_fp8_swap`: ``fn(model)`` turns the right layers of a :class:`MarkovLM` into
+  :class:`FP8Linear` (the blocks' GEMMs) and leaves the rest (input projection, output head) wide.
+
+GEMM operands are ``(M, K)`` and ``(N, K)`` FP8 codes (both K-major) with reconstruction scales S
+(``x ~= S * q``).  The truth is :func:`kernels.fp8_gemm.fp8_gemm_reference` (float64), and for q4 also
+:func:`kernels.fp8_gemm.fp8_gemm_blockwise_reference` (the same promotion).  On a mismatch a check
+compares the output with what known mistakes produce (scales divided instead of multiplied, one scale
+missing, a block scale taken out of the K sum, whole tiles missing) and names the one that fits.  In
+CPU mode every ``tl.dot`` is exact, so q4 runs one input under
+:func:`kernels.fp8_gemm.emulate_hopper_fp8_accumulator` to see whether K-blocks are promoted; on a GPU
+the tensor core itself shows it.
+"""
+
+import numpy as np
+import torch
+
+import kernels
+from kernels import fp8_gemm as G
+from kernels import fp8_linear as L
+from kernels import quantize as Q
+from kernels.checks import call_student, constant_output
+
+CHECK_SHAPES = {
+    "q1": ((64, 64, 256), (7, 40, 144)),
+    "q2": ((200, 136, 384), (33, 70, 160)),
+    "q3": ((96, 80, 256), (7, 40, 144)),
+    "q4": ((96, 136, 384), (7, 40, 144)),
+}
+
+
+def _device() -> str:
+    return "cpu" if kernels.INTERPRETER else "cuda"
+
+
+def _operands(m, n, k, scaling, seed):
+    """Fixed data whose scales differ from row to row (and block to block): mistakes in how scales are
+    applied show up instead of cancelling."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-2, 2, m)[:, None]
+    x = x * torch.logspace(-1.5, 1.5, k)[None, :]  # K-blocks of different size: block scales differ along K
+    w = torch.randn(n, k, generator=g) * 0.05 * torch.logspace(-1, 1, n)[:, None]
+    x, w = x.to(_device()), w.to(_device())
+    if scaling == "tensor":
+        return Q.quantize_tensor(x), Q.quantize_tensor(w)
+    if scaling == "row":
+        return Q.quantize_rowwise(x), Q.quantize_rowwise(w)
+    return Q.quantize_1x128(x), Q.quantize_128x128(w)
+
+
+def _close(got, want, mag) -> bool:
+    return G.gemm_tolerance_report(got, want, mag)[0]
+
+
+def _near(got, cand) -> bool:
+    """Within 2% (Frobenius) of a candidate: FP8 noise is far smaller than any mistake's effect."""
+    return L.relative_error(got.double().cpu(), cand.double().cpu()) < 0.02
+
+
+def _candidates(qa, qb, scaling) -> dict:
+    """What known mistakes would output, as float64 (M, N)."""
+    a, b = qa.q.double(), qb.q.double()
+    m, k = a.shape
+    n = b.shape[0]
+    sa, sb = G._expanded_scales(qa.s, qb.s, scaling, m, n, k, torch.float64)
+    out = {
+        "scales divided instead of multiplied (1/S used where S belongs: x ~= S * q, so the epilogue "
+        "multiplies by S)": ((a / sa) @ (b / sb).T),
+        "no scales applied at all (the codes' product is not the answer: multiply by S_a and S_b)": a @ b.T,
+        "only b's scale applied (a_scale is missing)": a @ (b * sb).T,
+        "only a's scale applied (b_scale is missing)": (a * sa) @ b.T,
+    }
+    if scaling == "block":
+        s_first = (qa.s[:, :1].double()) * (qb.s[:, :1].double().repeat_interleave(128, 0)[:n]).T
+        out[
+            "block scale pulled out of the K sum (one scale for all K-blocks): block scales change along K, so each "
+            "K-block's product must be scaled before it is added"
+        ] = (a @ b.T) * s_first
+        s_mean = qa.s.double().mean(1, keepdim=True) * qb.s.double().mean(1).repeat_interleave(128)[:n][None, :]
+        out[
+            "block scale pulled out of the K sum (an average scale times the whole K sum): scale each K-block's "
+            "product before adding it"
+        ] = (a @ b.T) * s_mean
+    return out
+
+
+def _tile_pattern(err_bad: np.ndarray) -> str:
+    """If the bad elements fill whole 16x16 tiles and leave others untouched, describe it."""
+    m, n = err_bad.shape
+    if m < 32 or n < 32:
+        return ""
+    t = 16
+    tm, tn = m // t, n // t
+    blocks = err_bad[: tm * t, : tn * t].reshape(tm, t, tn, t).mean(axis=(1, 3))
+    full, clean = (blocks > 0.9).sum(), (blocks == 0).sum()
+    if full and full + clean == blocks.size and clean:
+        i, j = np.argwhere(blocks > 0.9)[0]
+        return (
+            f"whole output tiles are wrong (e.g. rows {i * t}-{i * t + t - 1}, columns {j * t}-{j * t + t - 1}) "
+            f"while the rest is right: the launch order maps two programs to one tile and skips another, or "
+            f"the tile's offsets/masks are off"
+        )
+    return ""
+
+
+def _diagnose(question, name, got, qa, qb, scaling, want=None):
+    """Raise AssertionError naming the mistake that fits ``got``; return quietly if it is right."""
+    m, n = qa.q.shape[0], qb.q.shape[0]
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{question}: {name} must return a torch.Tensor, got {type(got).__name__}")
+    if tuple(got.shape) != (m, n):
+        raise AssertionError(f"{question}: {name} returned shape {tuple(got.shape)}, want (M, N) = {(m, n)}")
+    if got.dtype != torch.bfloat16:
+        raise AssertionError(f"{question}: {name} returned {got.dtype}; the lab's GEMMs write bf16 (cast in the store)")
+    ref = G.fp8_gemm_reference(qa.q, qb.q, qa.s, qb.s, scaling)
+    mag = G.magnitudes(qa.q, qb.q, qa.s, qb.s, scaling)
+    truth = want if want is not None else ref
+    if _close(got, truth, mag):
+        return
+    g = got.double().cpu()
+    nan = torch.isnan(g)
+    if nan.any():
+        i, j = (int(v) for v in torch.nonzero(nan)[0])
+        raise AssertionError(
+            f"{question}: {name} gives NaN at {int(nan.sum())} of {g.numel()} outputs (first at ({i}, {j})) where "
+            f"the reference is finite: uninitialised output, or a load past the matrix (masks? other=0.0)"
+        )
+    smell = constant_output(g.numpy().ravel(), ref.double().cpu().numpy().ravel(), show=lambda v: f"{float(v):.6g}")
+    if smell:
+        raise AssertionError(f"{question}: {name}: {smell}")
+    for what, cand in _candidates(qa, qb, scaling).items():
+        if _near(got, cand):
+            raise AssertionError(f"{question}: {name}: {what}")
+    _, msg = G.gemm_tolerance_report(got, truth, mag)
+    bad = ~((g - truth.double().cpu()).abs() <= G.GEMM_REL[torch.bfloat16] * truth.double().cpu().abs() + 1e-30)
+    tiles = _tile_pattern(bad.numpy())
+    if tiles:
+        raise AssertionError(f"{question}: {name}: {tiles} ({msg})")
+    raise AssertionError(f"{question}: {name} differs from the float64 reference beyond the bound: {msg}")
+
+
+def _check_gemm(fn, question, name, scaling, promoted=False):
+    worst = 0.0
+    for seed, (m, n, k) in enumerate(CHECK_SHAPES[question]):
+        qa, qb = _operands(m, n, k, scaling, seed)
+        got = call_student(fn, qa.q, qb.q, qa.s, qb.s, name=name, question=question)
+        want = G.fp8_gemm_blockwise_reference(qa.q, qb.q, qa.s, qb.s) if promoted else None
+        _diagnose(question, f"{name} on {m}x{n}x{k}", got, qa, qb, scaling, want)
+        ref = G.fp8_gemm_reference(qa.q, qb.q, qa.s, qb.s, scaling).double().cpu()
+        mag = G.magnitudes(qa.q, qb.q, qa.s, qb.s, scaling).cpu()
+        worst = max(worst, float(((got.double().cpu() - ref).abs() / mag.clamp_min(1e-300)).max()))
+    return worst
+
+
+def check_gemm_v1(fn):
+    """q1: tensorwise FP8 GEMM, version 1."""
+    _check_gemm(fn, "q1", "fp8_gemm_v1", "tensor")
+    print(f"q1 passed: {len(CHECK_SHAPES['q1'])} shapes within the bound of the float64 reference")
+
+
+def check_gemm_v2(fn):
+    """q2: the pipelined, grouped kernel: same results as v1 on shapes of many tiles with ragged edges."""
+    _check_gemm(fn, "q2", "fp8_gemm_v2", "tensor")
+    print(f"q2 passed: {len(CHECK_SHAPES['q2'])} shapes of many tiles, every tile within the bound")
+
+
+def check_gemm_rowwise(fn):
+    """q3: per-row scales of both operands."""
+    _check_gemm(fn, "q3", "fp8_gemm_rowwise", "row")
+    print(f"q3 passed: {len(CHECK_SHAPES['q3'])} shapes, rows of different scales, within the bound")
+
+
+def _big_then_small():
+    """K = 2048: block 0 sums 128 products of 1; the 1920 later products are 2^-16 of that sum each.
+    Promoted, they add up to 3.75 (visible in bf16); carried in one FP8 accumulator, they vanish."""
+    m = n = 32
+    k = 2048
+    a = torch.ones(m, k)
+    b = torch.ones(n, k)
+    a[:, 128:] = 2.0**-4
+    b[:, 128:] = 2.0**-5
+    dev = _device()
+    qa = Q.Quantized(a.to(torch.float8_e4m3fn).to(dev), torch.ones(m, k // 128, device=dev))
+    qb = Q.Quantized(b.to(torch.float8_e4m3fn).to(dev), torch.ones(1, k // 128, device=dev))
+    return qa, qb
+
+
+def check_gemm_blockwise(fn):
+    """q4: 1x128 x 128x128 block scales, each 128-K partial product promoted to fp32."""
+    _check_gemm(fn, "q4", "fp8_gemm_blockwise", "block", promoted=True)
+    qa, qb = _big_then_small()
+    with G.emulate_hopper_fp8_accumulator():  # CPU mode: a model of the FP8 accumulator; GPU: the real one
+        got = call_student(fn, qa.q, qb.q, qa.s, qb.s, name="fp8_gemm_blockwise", question="q4")
+    want = G.fp8_gemm_blockwise_reference(qa.q, qb.q, qa.s, qb.s)
+    err = (got.double().cpu() - want.double().cpu()).abs().max().item()
+    if not err <= 2.0**-7 * want.double().abs().max().item():
+        raise AssertionError(
+            f"q4: fp8_gemm_blockwise: no promotion: small K-blocks are lost (got {got[0, 0].item():.6g}, want "
+            f"{want[0, 0].item():.6g}) once they are added to a large sum inside tl.dot's accumulator, which keeps "
+            f"~13-14 bits on Hopper.  Start each K-block's tl.dot from zeros and add it, scaled, into an fp32 sum"
+        )
+    print(
+        f"q4 passed: {len(CHECK_SHAPES['q4'])} shapes bit-close to the promoted reference; small K-blocks kept "
+        f"next to a large one ({'modelled' if kernels.INTERPRETER else 'measured'} FP8 accumulator)"
+    )
+
+
+# -- q5: the FP8 linear layer -------------------------------------------------------------------------
+
+LINEAR_SHAPE = (96, 64, 48)  # tokens, in_features, out_features
+GRAD_SIZE = 1e-6  # gradients of this size: far below e4m3's smallest subnormal (2^-9)
+MIN_FP8_ERROR = 0.005  # a product through e4m3 differs from bf16 by ~0.04; below this it was not quantized
+
+
+def _linear_data():
+    t, i, o = LINEAR_SHAPE
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(t, i, generator=g) * torch.logspace(-2, 2, t)[:, None]  # tokens of very different size
+    w = torch.randn(o, i, generator=g) * i**-0.5
+    dy = torch.randn(t, o, generator=g) * GRAD_SIZE
+    dev = _device()
+    return x.to(torch.bfloat16).to(dev), w.to(torch.bfloat16).to(dev), dy.to(torch.bfloat16).to(dev)
+
+
+def check_fp8_linear(fn):
+    """q5: ``fn(x, w)`` -> ``x @ w.T`` through FP8, with gradients for both."""
+    x, w, dy = _linear_data()
+    xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    y = call_student(fn, xs, ws, name="fp8_linear_fn", question="q5")
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != (x.shape[0], w.shape[0]):
+        raise AssertionError(f"q5: fp8_linear_fn must return (tokens, out) = {(x.shape[0], w.shape[0])}")
+    if not y.requires_grad:
+        raise AssertionError("q5: the output does not require grad: return the result of FP8LinearFn.apply(x, w)")
+    try:
+        y.backward(dy)
+    except Exception as e:  # the student's backward
+        raise AssertionError(
+            f"q5: backward raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
+    if xs.grad is None or ws.grad is None:
+        raise AssertionError("q5: backward must return gradients for both x and w (dX and dW), not None")
+    xb, wb = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    yb = xb @ wb.T
+    yb.backward(dy)
+    errs = {
+        name: L.relative_error(g, b)
+        for name, g, b in (("y", y, yb), ("dx", xs.grad, xb.grad), ("dw", ws.grad, wb.grad))
+    }
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in errs.items())
+    if errs["y"] > L.BF16_TOLERANCE["y"]:
+        ratio = (y.detach().double().abs().median() / yb.detach().double().abs().median()).item()
+        if not 0.25 < ratio < 4:
+            raise AssertionError(
+                f"q5: Y is off by a factor of ~{ratio:.3g} from x @ w.T: scales multiplied instead of divided "
+                f"(quantize with q = x / S, dequantize with S * q, S = amax / 448)"
+            )
+        raise AssertionError(f"q5: Y differs from bf16 beyond {L.BF16_TOLERANCE['y']} ({shown})")
+    if errs["y"] < MIN_FP8_ERROR:
+        raise AssertionError(
+            f"q5: Y equals the bf16 product to {errs['y']:.1e}: the forward GEMM did not go through FP8 "
+            f"(quantize x and w to e4m3 and call the FP8 GEMM)"
+        )
+    for name, g in (("dX", xs.grad), ("dW", ws.grad)):
+        zeros = (g == 0).double().mean().item()
+        if zeros > 0.5:
+            raise AssertionError(
+                f"q5: {zeros:.0%} of {name} is zero: gradients (~{GRAD_SIZE:g}) were cast to FP8 without a scale "
+                f"(E4M3's smallest subnormal is 2^-9, E5M2's 2^-16): quantize dY with its own scale, in E5M2"
+            )
+    if errs["dx"] > L.BF16_TOLERANCE["dx"]:
+        raise AssertionError(
+            f"q5: dX differs from bf16 beyond {L.BF16_TOLERANCE['dx']} ({shown}): dX = dY @ W, so the B operand "
+            f"is W^T (in, out), quantized from W along out"
+        )
+    if errs["dw"] > L.BF16_TOLERANCE["dw"]:
+        raise AssertionError(
+            f"q5: dW is wrong while Y and dX are right ({shown}): the transposed operands (X^T, dY^T) were made by "
+            f"transposing FP8 codes, whose row scales then vary along dW's K (tokens).  Quantize x.t() and "
+            f"dy.t() again from the wide originals"
+        )
+    print(f"q5 passed: relative errors against bf16 {shown} (bounds {L.BF16_TOLERANCE})")
+
+
+# -- q6: which layers become FP8 -------------------------------------------------------------------------
+
+
+def check_fp8_swap(fn):
+    """q6: ``fn(model)`` converts a MarkovLM's block GEMMs (ups, downs) to FP8Linear, in place, sharing the
+    weights, and leaves ``proj`` and ``head`` as nn.Linear."""
+    torch.manual_seed(0)
+    model = L.MarkovLM(dim=64, depth=2, device=_device())
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out = call_student(fn, model, name="fp8_swap", question="q6")
+    model = out if isinstance(out, torch.nn.Module) else model
+    blocks = [*model.ups, *model.downs]
+    not_fp8 = [i for i, m in enumerate(blocks) if not isinstance(m, L.FP8Linear)]
+    if len(not_fp8) == len(blocks):
+        raise AssertionError("q6: no block layer became an FP8Linear: replace model.ups[i] and model.downs[i]")
+    if not_fp8:
+        raise AssertionError(f"q6: {len(not_fp8)} of {len(blocks)} block layers are still nn.Linear")
+    for name in ("head", "proj"):
+        if isinstance(getattr(model, name), L.FP8Linear):
+            why = (
+                "the output head stays wide: it is small, and its logits feed the softmax and the loss"
+                if name == "head"
+                else "the input projection (from embeddings) stays wide here, like the embeddings"
+            )
+            raise AssertionError(f"q6: model.{name} was converted to FP8: {why}")
+    after = model.state_dict()
+    changed = [k for k, v in before.items() if k in after and not torch.equal(after[k].to(v.device), v)]
+    if changed:
+        raise AssertionError(
+            f"q6: the weights changed ({changed[0]}, ...): the FP8 layers were re-initialised; build them with "
+            f"FP8Linear.from_linear(layer) so that they share the trained parameters"
+        )
+    print(f"q6 passed: {len(blocks)} block GEMMs in FP8; proj, head, embeddings and norms wide; weights shared")
+
+
+__all__ = [
+    "check_fp8_linear",
+    "check_fp8_swap",
+    "check_gemm_blockwise",
+    "check_gemm_rowwise",
+    "check_gemm_v1",
+    "check_gemm_v2",
+]
