@@ -260,9 +260,12 @@ class Limits:
 
 
 def _child_env(workdir: Path) -> dict:
-    keep = ("PATH", "LANG", "LC_ALL", "KERNELS_INTERPRET", "SYSTEMROOT")
+    keep = ("PATH", "LANG", "LC_ALL", "SYSTEMROOT")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update(
+        # Always Triton's CPU interpreter (corrected to Hopper's bits): the checks are device-independent,
+        # so a grade does not depend on the grading machine, and every load and store is bounds-checked.
+        KERNELS_INTERPRET="1",
         HOME=str(workdir),
         TMPDIR=str(workdir / "tmp"),
         MPLCONFIGDIR=str(workdir / "tmp"),
@@ -374,7 +377,14 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        proc.wait()
+        # wait4, not wait: the child's own CPU time (user + system) comes with its exit status
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            cpu_s = usage.ru_utime + usage.ru_stime
+        except ChildProcessError:
+            proc.wait()
+            cpu_s = float("nan")
         with _RUNNING_LOCK:
             _RUNNING.discard(proc)
         try:
@@ -384,7 +394,9 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
     elapsed = time.monotonic() - started
     log_tail = (workdir / "tmp" / "child.log").read_bytes()[-4000:].decode("utf-8", "replace")
     shutil.rmtree(workdir, ignore_errors=True)
-    return summarise(sub, lab, events, proc.returncode, timed_out, elapsed, limits, log_tail)
+    result = summarise(sub, lab, events, proc.returncode, timed_out, elapsed, limits, log_tail)
+    result["cpu_seconds"] = round(cpu_s, 1)
+    return result
 
 
 def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail="") -> dict:
@@ -510,6 +522,7 @@ def not_graded(sub: Submission, lab: Lab | None, status: str, note: str) -> dict
         "total": 0.0,
         "possible": sum(v["possible"] for v in questions.values()),
         "seconds": 0.0,
+        "cpu_seconds": 0.0,
         "log_tail": "",
     }
 
@@ -983,6 +996,8 @@ def write_csv(path: Path, results: list):
             "status",
             "flags",
             "detail",
+            "seconds",
+            "cpu_seconds",
             "lab_from",
             "submission",
             "sha256",
@@ -1000,6 +1015,8 @@ def write_csv(path: Path, results: list):
                 r["status"],
                 " ".join(r["flags"]),
                 "; ".join(r["notes"]),
+                f"{r['seconds']:g}",
+                f"{r.get('cpu_seconds', 0.0):g}",
                 r["lab_from"],
                 r["submission"],
                 r["sha256"],
