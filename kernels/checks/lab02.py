@@ -1,0 +1,619 @@
+"""Checks for Lab 2, scaling: the quantization kernels of :mod:`kernels.quantize`, built by hand.
+
+Every quantizer returns ``(q, S)``: e4m3fn codes and the *reconstruction* scales S (``x ~= S * q``);
+for MXFP8 ``S`` is E8M0 bytes (uint8).  The truth is :mod:`kernels.quantize`'s plain-torch reference,
+compared bit for bit (codes and scales) on fixed bf16 inputs whose groups hold zeros, an outlier,
+NaN, +-inf, subnormals and a partial last group.
+
+* q1 :func:`check_per_tensor`: ``quantize_tensor(x) -> (q, S)``; ``quantize_tensor(x, S)`` casts with a given S.
+* q2 :func:`check_rowwise`: ``quantize_rowwise(x) -> (q, S)``, S of shape (M, 1).
+* q3 :func:`check_blocks`: ``quantize_blocks(x, block)``, block (1, 128) or (128, 128).
+* q4 :func:`check_mxfp8`: ``quantize_mxfp8(x, rounding) -> (q, e8m0 bytes)``, OCP floor and round-up.
+* q5 :func:`check_delayed_scaling`: a class with ``scale()``, ``update(amax)`` and ``quantize(x)``.
+* q6 :func:`check_dequantization`: ``dequantize(q, S, granularity)`` and ``block_scaled_matmul``.
+* :func:`check_same_as_package`: the student's kernels and the package's give the same bits.
+
+On a mismatch a check names the numeric smell it recognises (scale applied twice, S and 1/S swapped,
+an all-zero group divided by zero, no saturation, NaN in amax, one scale for every group, the E8M0
+bias, floor vs round-up, a block scale pulled out of the K sum, ...), then lists the first mismatches.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+import kernels
+from kernels import quantize as Q
+from kernels.checks import call_student
+
+FMT = "e4m3"
+GROUPS = {"tensor": None, "row": None, "1x128": (1, 128), "128x128": (128, 128), "mxfp8": (1, 32)}
+
+
+def _device() -> str:
+    return "cpu" if kernels.INTERPRETER else "cuda"
+
+
+# -- the fixed inputs ----------------------------------------------------------------------------------
+
+M, K = 130, 300  # 300 = 2 x 128 + 44 = 9 x 32 + 12: a partial last group for 1x128 and MXFP8; 130 rows: a
+# partial block row for 128x128
+
+
+def lab_input(seed: int = 0) -> torch.Tensor:
+    """The bf16 (130, 300) input of every quantizer check, with its adversarial rows and blocks."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g) * 2
+    x[:, 128:256] *= 20  # groups of different sizes: per-group scales differ from per-row ones
+    x[3] = 0.0  # an all-zero row (zero groups for every granularity along the row)
+    x[5, 7] = 1e4  # one outlier
+    x[7, 10], x[7, 11], x[7, 200] = math.nan, math.inf, -math.inf  # non-finite inputs, one per kind
+    x[9] = torch.randn(K, generator=g) * 1e-39  # subnormals (bf16 keeps them)
+    x[11] = -0.75  # all equal
+    x[128:, 256:] = 0.0  # an all-zero (partial) 128x128 block
+    x[20, 290:] = 3.0e3  # an outlier in the partial last group only
+    return x.to(torch.bfloat16).to(_device())
+
+
+def tensor_inputs() -> dict:
+    x = lab_input()
+    finite = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    return {
+        "random + outliers (130x300)": finite,
+        "with NaN and +-inf": x,
+        "all zeros (7x33)": torch.zeros(7, 33, dtype=torch.bfloat16, device=x.device),
+        "one element": torch.full((1,), -3.5, dtype=torch.bfloat16, device=x.device),
+    }
+
+
+# -- diagnosis -------------------------------------------------------------------------------------------
+
+
+def _scale_values(s: torch.Tensor, kind: str) -> torch.Tensor:
+    return Q.e8m0_to_float(s) if kind == "mxfp8" else s.float()
+
+
+def _groups_of(kind, shape):
+    m, k = (1, math.prod(shape)) if kind == "tensor" else (math.prod(shape[:-1]), shape[-1])
+    gm, gk = GROUPS[kind] or ((m, k) if kind == "tensor" else (1, k))
+    return m, k, gm, gk
+
+
+def _codes(q: torch.Tensor) -> np.ndarray:
+    return q.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().astype(np.int64)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """Bit patterns, for exact comparison (NaN == NaN when the bits agree)."""
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()]
+    return t.detach().cpu().contiguous().view(view)
+
+
+def _reference(x, kind, **kw):
+    kw = {k: v for k, v in kw.items() if k != "block"}
+    return Q.quantize(x, kind, FMT, reference=True, **kw)
+
+
+def _unpack(out, question, name):
+    if not isinstance(out, tuple | list) or len(out) != 2:
+        raise AssertionError(f"{question}: {name} must return (q, S), a pair; got {type(out).__name__}")
+    q, s = out
+    for v, what in ((q, "q"), (s, "S")):
+        if not isinstance(v, torch.Tensor):
+            raise AssertionError(f"{question}: {name} returned {what} of type {type(v).__name__}, want a torch.Tensor")
+    return q, s
+
+
+def _check_layout(q, s, want, x, kind, question, name):
+    if q.dtype != torch.float8_e4m3fn or tuple(q.shape) != tuple(x.shape):
+        raise AssertionError(
+            f"{question}: {name} returned q of {q.dtype} {tuple(q.shape)}, want torch.float8_e4m3fn {tuple(x.shape)}"
+        )
+    if s.dtype != want.s.dtype:
+        raise AssertionError(f"{question}: {name} returned S of dtype {s.dtype}, want {want.s.dtype}")
+    if (
+        s.numel() == want.s.numel()
+        and s.dim() == 2
+        and tuple(s.shape) == tuple(want.s.shape[::-1]) != tuple(want.s.shape)
+    ):
+        raise AssertionError(
+            f"{question}: {name} returned scales of shape {tuple(s.shape)}, want {tuple(want.s.shape)}: the layout is "
+            f"transposed; a GEMM reads one row of scales per row of codes, (rows, groups), row-major"
+        )
+    if tuple(s.shape) != tuple(want.s.shape):
+        raise AssertionError(
+            f"{question}: {name} returned scales of shape {tuple(s.shape)}, want {tuple(want.s.shape)} "
+            f"(one scale per {kind} group)"
+        )
+
+
+def diagnose(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, kind: str, **kw) -> list:
+    """The smells recognised in a quantizer's ``(q, S)`` against the reference, most telling first."""
+    want = _reference(x, kind, **kw)
+    xf = x.float().cpu()
+    m, k, gm, gk = _groups_of(kind, tuple(x.shape))
+    x2 = xf.reshape(m, k)
+    amax = Q._group_amax_ref(x2, gm, gk)  # (groups along M, groups along K)
+    s_got = _scale_values(s.cpu(), kind).reshape(amax.shape)
+    s_want = _scale_values(want.s.cpu(), kind).reshape(amax.shape)
+    got_c, want_c = _codes(q).reshape(m, k), _codes(want.q).reshape(m, k)
+    bad_c = got_c != want_c
+    bad_s = _codes(s).reshape(-1) != _codes(want.s).reshape(-1) if kind == "mxfp8" else ~(s_got == s_want).numpy()
+    found = []
+    finite_x = torch.isfinite(x2).numpy()
+
+    def expand(v):
+        return Q._expand(v, gm, gk, m, k)
+
+    zero = amax == 0
+    if zero.any() and (~torch.isfinite(s_got[zero]) | (s_got[zero] == 0)).any():
+        found.append(
+            "all-zero group divides by zero: its S came back as "
+            f"{s_got[zero][~torch.isfinite(s_got[zero]) | (s_got[zero] == 0)][0].item()} (amax / 448 = 0, and 1/S "
+            "is inf, 0 * inf is NaN): give an all-zero group S = 1"
+        )
+    zero_el = expand(zero.float()).bool().numpy()
+    if (zero_el & bad_c).any() and not found:
+        found.append(
+            "an all-zero group got non-zero or NaN codes: 0 * (1/S) must stay 0 (an all-zero group gets S = 1)"
+        )
+    has_nan = torch.isnan(x2)
+    if has_nan.any():
+        grp_nan = Q._group_amax_ref(torch.where(has_nan, 1.0, 0.0), gm, gk) > 0
+        if torch.isnan(s_got[grp_nan]).any() or torch.isinf(s_got).any():
+            found.append(
+                "a NaN or inf input set its group's scale to NaN or inf: leave non-finite values out of amax "
+                "(the scale comes from the finite values; the non-finite element alone becomes NaN)"
+            )
+    nonzero = ~zero & torch.isfinite(s_got) & (s_got > 0)
+    if nonzero.any():
+        ratio = (s_got[nonzero].double() * s_want[nonzero].double()).numpy()
+        if np.allclose(ratio, 1.0, rtol=1e-3) and kind != "mxfp8":
+            found.append("S and alpha swapped: S came back as 448 / amax (that is 1/S, alpha); S = amax / 448")
+        elif kind == "mxfp8" and np.allclose(ratio, 1.0, rtol=0):
+            found.append("S and alpha swapped: the exponent has the wrong sign, S = 2^-e; S = 2^e with e from amax")
+        sq = (s_got[nonzero].double() / s_want[nonzero].double() ** 2).numpy()
+        if np.allclose(sq, 1.0, rtol=1e-3) and not np.allclose(s_want[nonzero].numpy(), 1.0):
+            found.append("scale applied twice: S came back squared")
+    if kind not in ("tensor",) and s_want.numel() > 1 and s_want.unique().numel() > 1:
+        if s_got.unique().numel() == 1 and torch.isfinite(s_got).all():
+            found.append(
+                f"one scale for every group: all of S is {s_got.flatten()[0].item():.6g}; each {kind} group needs "
+                "its own amax"
+            )
+    if kind == "mxfp8":
+        gc, wc = _codes(s).reshape(-1), _codes(want.s).reshape(-1)
+        if np.all((gc[bad_s] + 127) % 256 == wc[bad_s]) and bad_s.any():
+            found.append("E8M0 bias missing: the stored byte is e; E8M0 stores e + 127")
+        elif bad_s.any() and np.all(gc[bad_s] == wc[bad_s] + 1):
+            found.append(
+                "scale exponent one too large where amax's significand exceeds 1.75: that is the round-up rule "
+                "(ceil(log2(amax / 448))); OCP's rule is floor(log2(amax)) - 8"
+            )
+        elif bad_s.any() and np.all(gc[bad_s] == wc[bad_s] - 1):
+            found.append(
+                "scale exponent one too small: amax / S exceeds 448 and values saturate; ceil(log2(amax / 448)) "
+                "rounds up, floor(log2(amax)) - 8 is OCP's rule"
+            )
+    if not found:
+        inv_want = (
+            expand(1.0 / s_want) if kind != "mxfp8" else expand(Q._e8m0_inv_ref(want.s.cpu().reshape(amax.shape)))
+        )
+        if bad_c.any():
+            twice = _codes(Q._encode_ref(x2, inv_want * inv_want, FMT)).reshape(m, k)
+            times_s = _codes(Q._encode_ref(x2, expand(s_want), FMT)).reshape(m, k)
+            hit = bad_c & (got_c == twice)
+            if hit.sum() >= 0.5 * bad_c.sum():
+                found.append("scale applied twice: the codes are x / S^2; multiply x by 1/S once")
+            elif (bad_c & (got_c == times_s)).sum() >= 0.5 * bad_c.sum():
+                found.append("S and alpha swapped in the cast: the codes are x * S; the codes are x * (1/S)")
+            nan_code = (got_c & 0x7F) == 0x7F
+            if (nan_code & finite_x).any():
+                found.append(
+                    "no saturation: a finite input became the NaN code; clamp x * (1/S) to +-448 before the cast "
+                    "(a conversion's own overflow rule differs between APIs: never rely on it)"
+                )
+            if ((~finite_x) & bad_c).any() and not found:
+                found.append(
+                    "non-finite inputs must encode to the NaN code 0x7F (e4m3fn has no inf); yours gave "
+                    f"{hex(int(got_c[(~finite_x) & bad_c][0]))}"
+                )
+            if not found and kind in ("1x128", "mxfp8") and k % gk:
+                tail = np.zeros_like(bad_c)
+                tail[:, k - k % gk :] = True
+                if (bad_c & tail).any() and not (bad_c & ~tail).any():
+                    found.append(
+                        "only the last, partial group is wrong: mask the loads past K (other=0.0) so the partial "
+                        "group's amax comes from the elements present"
+                    )
+    if not found and (bad_c.any() or bad_s.any()):
+        found.append("no known smell recognised")
+    if bad_s.any():
+        i = int(np.flatnonzero(bad_s)[0])
+        where = tuple(int(v) for v in np.unravel_index(i, tuple(amax.shape)))
+        found.append(
+            f"first scale mismatch: group {where}: got {s_got.reshape(-1)[i].item():.9g}, "
+            f"want {s_want.reshape(-1)[i].item():.9g}"
+        )
+    if bad_c.any():
+        idx = np.argwhere(bad_c)[:4]
+        shown = ", ".join(
+            f"x[{r},{c}]={x2[r, c].item():.6g} -> {hex(int(got_c[r, c]))}, want {hex(int(want_c[r, c]))}"
+            for r, c in idx
+        )
+        found.append(f"{int(bad_c.sum())} of {bad_c.size} codes differ; first: {shown}")
+    return found
+
+
+def _check_quantizer(fn, kind, question, name, inputs, **kw):
+    n = 0
+    for label, x in inputs.items():
+        out = call_student(fn, x, *kw.values(), name=name, question=question)
+        q, s = _unpack(out, question, name)
+        want = _reference(x, kind, **kw)
+        _check_layout(q, s, want, x, kind, question, name)
+        same = torch.equal(_raw(q), _raw(want.q)) and torch.equal(_raw(s), _raw(want.s))
+        if not same:
+            problems = diagnose(x, q, s, kind, **kw)
+            raise AssertionError(
+                f"{question}: {name} differs from the reference on input '{label}':\n"
+                + "\n".join(f"  - {p}" for p in problems)
+            )
+        n += x.numel()
+    return n
+
+
+# -- q1: per tensor ------------------------------------------------------------------------------------
+
+
+def check_per_tensor(quantize_tensor) -> None:
+    """q1: current scaling ``quantize_tensor(x) -> (q, S)``; and ``quantize_tensor(x, S) -> (q, S)``,
+    the cast alone with a given (here stale, too small) scale, which must saturate."""
+    question = "q1"
+    n = _check_quantizer(quantize_tensor, "tensor", question, "quantize_tensor", tensor_inputs())
+    dev = _device()
+    x = torch.tensor([[500.0, -500.0, 9.0, 0.0, 1e6, math.nan]], dtype=torch.bfloat16, device=dev)
+    stale = torch.tensor(10.0 / 448.0, device=dev)  # a scale from amax 10
+    out = call_student(quantize_tensor, x, stale, name="quantize_tensor(x, S)", question=question)
+    q, _ = _unpack(out, question, "quantize_tensor(x, S)")
+    if q.dtype != torch.float8_e4m3fn or q.shape != x.shape:
+        raise AssertionError(f"{question}: quantize_tensor(x, S) must return float8_e4m3fn codes of x's shape")
+    want = Q.quantize_tensor_with_scale_reference(x, stale, FMT)
+    got_c, want_c = _codes(q), _codes(want)
+    if not np.array_equal(got_c, want_c):
+        lines = []
+        if ((got_c[:5] & 0x7F) == 0x7F).any():
+            lines.append(
+                "no saturation: 500 with S from amax 10 is 22400 / 448 codes over the top and became NaN; clamp "
+                "x * (1/S) to +-448 before the cast, so it comes back as 448 * S = 10"
+            )
+        s2 = Q.quantize_tensor_with_scale_reference(x, stale * stale, FMT)
+        if np.array_equal(got_c, _codes(s2)):
+            lines.append("scale applied twice: the codes are x / S^2")
+        if np.array_equal(got_c, _codes(Q.quantize_tensor_with_scale_reference(x, 1 / stale, FMT))):
+            lines.append("S and alpha swapped in the cast: the codes are x * S; they are x * (1/S)")
+        if not lines:
+            lines.append("no known smell recognised")
+        lines.append(f"got codes {[hex(int(c)) for c in got_c.ravel()]}, want {[hex(int(c)) for c in want_c.ravel()]}")
+        raise AssertionError(f"{question}: quantize_tensor(x, S) with a stale S (from amax 10):\n" + "\n".join(
+            f"  - {p}" for p in lines))  # fmt: skip
+    print(
+        f"{question} passed: quantize_tensor bit-identical to the reference on {n} elements (zeros, NaN, inf, "
+        "one element included); with a stale S a spike of 500 saturates to 448 * S = 10"
+    )
+
+
+# -- q2, q3, q4: groups -----------------------------------------------------------------------------------
+
+
+def _group_inputs():
+    x = lab_input()
+    return {
+        "130x300 bf16 (zeros, outlier, NaN, inf, subnormals, partial groups)": x,
+        "(2, 3, 40)": x[:6, :40].reshape(2, 3, 40),
+    }
+
+
+def check_rowwise(fn) -> None:
+    """q2: ``quantize_rowwise(x) -> (q, S)`` with S of shape ``(..., 1)``."""
+    n = _check_quantizer(fn, "row", "q2", "quantize_rowwise", _group_inputs())
+    print(f"q2 passed: quantize_rowwise bit-identical to the reference on {n} elements, one scale per row")
+
+
+def check_blocks(fn) -> None:
+    """q3: ``quantize_blocks(x, block) -> (q, S)`` for ``block=(1, 128)`` (S of shape (..., cdiv(K, 128)))
+    and ``block=(128, 128)`` (2-D x; S of shape (cdiv(M, 128), cdiv(K, 128)))."""
+    n = _check_quantizer(fn, "1x128", "q3", "quantize_blocks(x, (1, 128))", _group_inputs(), block=(1, 128))
+    x = lab_input()
+    inputs = {"130x300 bf16": x, "127x129": x[:127, :129]}
+    n += _check_quantizer(fn, "128x128", "q3", "quantize_blocks(x, (128, 128))", inputs, block=(128, 128))
+    print(f"q3 passed: quantize_blocks bit-identical to the reference for 1x128 groups and 128x128 blocks on {n} "
+          "elements (partial groups and edge blocks included)")  # fmt: skip
+
+
+def check_mxfp8(fn) -> None:
+    """q4: ``quantize_mxfp8(x, rounding) -> (q, scale_e8m0)``, for rounding "floor" (OCP) and "up"."""
+    n = 0
+    for rounding in ("floor", "up"):
+        n += _check_quantizer(fn, "mxfp8", "q4", f"quantize_mxfp8(x, {rounding!r})", _group_inputs(), rounding=rounding)
+    print(f"q4 passed: quantize_mxfp8 bit-identical to the reference (codes and E8M0 bytes) on {n} elements, "
+          "for OCP's floor rule and for rounding up")  # fmt: skip
+
+
+# -- q5: delayed scaling ------------------------------------------------------------------------------
+
+
+def check_delayed_scaling(cls) -> None:
+    """q5: ``cls(history_len, margin)`` with ``scale()`` (S, 0-d tensor), ``update(amax)`` and
+    ``quantize(x) -> (q, S)``, step for step like :class:`kernels.quantize.DelayedScaling`."""
+    question, dev = "q5", _device()
+
+    def make(**kw):
+        return call_student(lambda: cls(**kw), name=f"{getattr(cls, '__name__', 'cls')}(**{kw})", question=question)
+
+    def scale_of(h, when):
+        s = call_student(h.scale, name="scale()", question=question)
+        if not isinstance(s, torch.Tensor) or s.numel() != 1:
+            raise AssertionError(f"{question}: scale() must return a one-element tensor (S), got {s!r} {when}")
+        return float(s)
+
+    def expect(got, want, when):
+        if math.isclose(got, want, rel_tol=1e-6):
+            return
+        hint = ""
+        if want and math.isclose(got, 1 / want, rel_tol=1e-5):
+            hint = "S and alpha swapped: S = amax / 448, not 448 / amax"
+        elif math.isnan(got) or math.isinf(got) or got == 0:
+            hint = "an empty (all-zero) history must give S = 1, not a division by zero"
+        raise AssertionError(
+            f"{question}: scale() {when} is {got:.9g}, want {want:.9g}" + (f": {hint}" if hint else "")
+        )
+
+    h = make(history_len=4, margin=0)
+    expect(scale_of(h, "on an empty history"), 1.0, "on an empty history")
+    h.update(torch.tensor(10.0, device=dev))
+    expect(scale_of(h, "after update(10)"), 10.0 / 448, "after update(10)")
+    spike = torch.tensor([[500.0, 5.0, -1.0, 0.0]], dtype=torch.bfloat16, device=dev)
+    out = call_student(h.quantize, spike, name="quantize(x)", question=question)
+    q, s = _unpack(out, question, "quantize(x)")
+    got_s = float(s)
+    if math.isclose(got_s, 500.0 / 448, rel_tol=1e-6):
+        raise AssertionError(
+            f"{question}: quantize(x) used x's own amax (S = 500/448): that is current scaling; delayed scaling "
+            "casts with the scale from the history (amax 10) and only then records x's amax"
+        )
+    expect(got_s, 10.0 / 448, "returned by quantize(x) after update(10)")
+    codes = _codes(q)
+    if (codes[0] & 0x7F) == 0x7F:
+        raise AssertionError(
+            f"{question}: the spike of 500 became NaN: no saturation; clamp x * (1/S) to +-448 before the cast, "
+            "so it comes back as 448 * S = 10"
+        )
+    back = float(q.float()[0, 0]) * got_s
+    if not math.isclose(back, 10.0, rel_tol=1e-6):
+        raise AssertionError(
+            f"{question}: the spike of 500 came back as {back:.6g}; with S from amax 10 it saturates to 10"
+        )
+    after = scale_of(h, "after quantize(spike)")
+    if math.isclose(after, 10.0 / 448, rel_tol=1e-6):
+        raise AssertionError(
+            f"{question}: quantize(x) did not record x's amax: the next scale must see the spike of 500"
+        )
+    expect(after, 500.0 / 448, "after quantize(spike of 500)")
+    for i in range(3):
+        h.update(torch.tensor(1.0, device=dev))
+        got = scale_of(h, f"after {i + 1} update(1)")
+        if i < 2 and math.isclose(got, 1.0 / 448, rel_tol=1e-6):
+            raise AssertionError(
+                f"{question}: scale() after {i + 1} update(1) forgot the spike of 500 still in the 4-step window: "
+                "take the max over the whole history, not the newest amax"
+            )
+        expect(got, 500.0 / 448, f"after {i + 1} update(1) (500 still in the window of 4)")
+    h.update(torch.tensor(1.0, device=dev))
+    got = scale_of(h, "after the spike left the window")
+    if math.isclose(got, 500.0 / 448, rel_tol=1e-6):
+        raise AssertionError(
+            f"{question}: the spike of 500 never leaves the history: keep only the last history_len amaxes"
+        )
+    expect(got, 1.0 / 448, "after the spike left the window of 4")
+    hm = make(history_len=2, margin=1)
+    hm.update(torch.tensor(7.0, device=dev))
+    got = scale_of(hm, "with margin=1 after update(7)")
+    if math.isclose(got, 7.0 / 2 / 448, rel_tol=1e-6):
+        raise AssertionError(
+            f"{question}: margin applied the wrong way: it adds headroom, S = amax * 2^margin / 448 (larger S)"
+        )
+    expect(got, 7.0 * 2 / 448, "with margin=1 after update(7)")
+    print(
+        f"{question} passed: the history lags by one step (the spike of 500 came back as {back:.6g}, finite), "
+        "is remembered for history_len steps, then forgotten; margin adds headroom"
+    )
+
+
+# -- q6: dequantization and who owns the scale in a GEMM ---------------------------------------------
+
+
+def _dequant_smells(q, s, kind, g, w) -> list:
+    qf = q.float().cpu()
+    m, k, gm, gk = _groups_of(kind, tuple(q.shape))
+    n_gk = -(-k // gk)
+
+    def per_element(v):
+        return Q._expand(v.reshape(-1, n_gk), gm, gk, m, k).reshape(q.shape)
+
+    s_el = per_element(_scale_values(s.cpu(), kind))
+    nan_g, nan_w = torch.isnan(g), torch.isnan(w)
+    ok = ~nan_w
+    lines = []
+    smells = [
+        (qf * s_el * s_el, "scale applied twice: S * S * q"),
+        (qf / s_el, "S and alpha swapped: q / S; the value is S * q"),
+    ]
+    if kind == "mxfp8":
+        smells.append((qf * per_element(s.cpu().float()), "the E8M0 byte used as the scale's value: S = 2^(c - 127)"))
+    for produced, smell in smells:
+        if torch.allclose(g[ok], produced[ok], rtol=1e-6, atol=0) and not torch.allclose(produced[ok], w[ok]):
+            lines.append(smell)
+    if not lines and kind != "tensor" and torch.allclose(g[ok], (qf * s_el.reshape(-1)[0])[ok], rtol=1e-6):
+        lines.append(f"one scale used for every group: each {kind} group has its own S")
+    if not torch.equal(nan_g, nan_w):
+        lines.append("NaN codes must dequantize to NaN, and only they")
+    if not lines:
+        lines.append("no known smell recognised")
+    bad = torch.nonzero((g != w) & ~(nan_g & nan_w))[:3].tolist()
+    shown = ", ".join(f"{tuple(i)}: got {g[tuple(i)].item():.9g}, want {w[tuple(i)].item():.9g}" for i in bad)
+    lines.append("first: " + shown)
+    return lines
+
+
+def check_dequantize(fn) -> None:
+    """q6: ``dequantize(q, S, granularity) -> fp32`` equal to :func:`kernels.quantize.dequantize_reference`
+    for every granularity (NaN positions equal, other bits equal)."""
+    question, x = "q6", lab_input()
+    n = 0
+    for kind in Q.GRANULARITIES:
+        q, s = _reference(x, kind)
+        got = call_student(fn, q, s, kind, name=f"dequantize(q, S, {kind!r})", question=question)
+        want = Q.dequantize_reference(q, s, kind)
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != torch.float32:
+            raise AssertionError(
+                f"{question}: dequantize(..., {kind!r}) must return fp32 of shape {tuple(want.shape)}, got "
+                f"{getattr(got, 'dtype', type(got).__name__)} {tuple(getattr(got, 'shape', ()))}"
+            )
+        g, w = got.cpu(), want.cpu()
+        nan_g, nan_w = torch.isnan(g), torch.isnan(w)
+        same = torch.equal(nan_g, nan_w) and torch.equal(g[~nan_g].view(torch.int32), w[~nan_w].view(torch.int32))
+        if same:
+            n += g.numel()
+            continue
+        raise AssertionError(
+            f"{question}: dequantize(q, S, {kind!r}) is wrong:\n"
+            + "\n".join(f"  - {p}" for p in _dequant_smells(q, s, kind, g, w))
+        )
+    print(f"{question} passed: dequantize bit-identical to S * q for all five granularities ({n} elements)")
+
+
+def matmul_inputs(seed: int = 1):
+    """A (64, 384) activation in 1x128 groups and a (96, 384) weight in 128x128 blocks whose scales
+    differ by orders of magnitude from one K block to the next."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(64, 384, generator=g) * torch.tensor([1e-2, 1.0, 1e2]).repeat_interleave(128)
+    w = torch.randn(96, 384, generator=g) * torch.tensor([1e2, 1e-1, 1.0]).repeat_interleave(128)
+    dev = _device()
+    aq, as_ = Q.quantize_1x128_reference(a.to(torch.bfloat16).to(dev))
+    wq, ws = Q.quantize_128x128_reference(w.to(torch.bfloat16).to(dev))
+    return aq, as_, wq, ws
+
+
+def block_scaled_matmul_reference(aq, a_s, wq, w_s) -> torch.Tensor:
+    """``y[i, j] = sum_b a_s[i, b] * w_s[j // 128, b] * sum_{k in block b} aq[i, k] * wq[j, k]`` in float64."""
+    a = aq.double().cpu() * Q._expand(a_s.double().cpu(), 1, 128, *aq.shape)
+    w = wq.double().cpu() * Q._expand(w_s.double().cpu(), 128, 128, *wq.shape)
+    return a @ w.T
+
+
+def _near(y: torch.Tensor, produced: torch.Tensor) -> bool:
+    """y is what ``produced`` gives, up to fp32 rounding of sums of a few hundred products."""
+    return bool(((y - produced).abs() <= 1e-4 * produced.abs().max()).all())
+
+
+def check_block_scaled_matmul(fn) -> None:
+    """q6: ``fn(aq, a_s, wq, w_s) -> y (M, N)``: a GEMM whose scales change along K keeps them inside the
+    K sum; compared with a float64 reference within 1e-5 of sum |a||w| per output."""
+    question = "q6"
+    aq, a_s, wq, w_s = matmul_inputs()
+    y = call_student(fn, aq, a_s, wq, w_s, name="block_scaled_matmul", question=question)
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != (aq.shape[0], wq.shape[0]):
+        raise AssertionError(
+            f"{question}: block_scaled_matmul must return a (64, 96) tensor, got {getattr(y, 'shape', y)}"
+        )
+    want = block_scaled_matmul_reference(aq, a_s, wq, w_s)
+    a_abs = aq.double().cpu().abs() * Q._expand(a_s.double().cpu(), 1, 128, *aq.shape)
+    w_abs = wq.double().cpu().abs() * Q._expand(w_s.double().cpu(), 128, 128, *wq.shape)
+    bound = 1e-5 * (a_abs @ w_abs.T)
+    err = (y.double().cpu() - want).abs()
+    if (err <= bound).all():
+        print(f"{question} passed: block_scaled_matmul within 1e-5 of sum|a||w| of the float64 reference "
+              f"(max error {float((err / bound.clamp_min(1e-300)).max()) * 1e-5:.2g} of sum|a||w|)")  # fmt: skip
+        return
+    qa, qw = aq.double().cpu(), wq.double().cpu()
+    lines = []
+    outside = (
+        (qa @ qw.T) * a_s.double().cpu()[:, :1] * w_s.double().cpu()[:, :1].repeat_interleave(128, 0)[: qw.shape[0]].T
+    )
+    mean_out = (
+        (qa @ qw.T)
+        * a_s.double().cpu().mean(1, keepdim=True)
+        * (w_s.double().cpu().mean(1).repeat_interleave(128)[: qw.shape[0]][None, :])
+    )
+    yd = y.double().cpu()
+    for produced in (outside, mean_out):
+        if _near(yd, produced):
+            lines.append(
+                "block scale pulled out of the K sum: scales that change along K must multiply each block's partial "
+                "sum, y = sum_b a_s[:, b] * w_s[:, b] * (aq_b @ wq_b^T), not (aq @ wq^T) * one scale"
+            )
+            break
+    if not lines:
+        sq = (qa * Q._expand(a_s.double().cpu() ** 2, 1, 128, *aq.shape)) @ (
+            qw * Q._expand(w_s.double().cpu() ** 2, 128, 128, *wq.shape)
+        ).T
+        if _near(yd, sq):
+            lines.append("scale applied twice: each operand multiplied by S^2")
+        inv = (qa / Q._expand(a_s.double().cpu(), 1, 128, *aq.shape)) @ (
+            qw / Q._expand(w_s.double().cpu(), 128, 128, *wq.shape)
+        ).T
+        if _near(yd, inv):
+            lines.append("S and alpha swapped: the codes were divided by S; the values are S * q")
+    if not lines:
+        lines.append("no known smell recognised")
+    i, j = np.unravel_index(int(torch.argmax(err / bound)), tuple(err.shape))
+    lines.append(f"worst: y[{i},{j}] = {yd[i, j].item():.9g}, want {want[i, j].item():.9g}")
+    raise AssertionError(f"{question}: block_scaled_matmul is wrong:\n" + "\n".join(f"  - {p}" for p in lines))
+
+
+def check_dequantization(dequantize, block_scaled_matmul) -> None:
+    """q6: both halves of the consumer side: :func:`check_dequantize` and :func:`check_block_scaled_matmul`."""
+    check_dequantize(dequantize)
+    check_block_scaled_matmul(block_scaled_matmul)
+
+
+# -- the final comparison with the package ----------------------------------------------------------
+
+
+def check_same_as_package(fns: dict) -> None:
+    """Each of the student's quantizers, keyed by granularity ("tensor", "row", "1x128", "128x128",
+    "mxfp8"), gives the same bits as the package's *kernel* on a larger bf16 input."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(256, 1000, generator=g) * 3).to(torch.bfloat16).to(_device())
+    x[17, 999] = 5e3
+    x[100] = 0.0
+    done = []
+    for kind, fn in fns.items():
+        if kind not in Q.GRANULARITIES:
+            raise ValueError(f"fns keys must be among {list(Q.GRANULARITIES)}, got {kind!r}")
+        got = _unpack(call_student(fn, x, name=f"your {kind} quantizer", question="final check"), "final check", kind)
+        want = Q.quantize(x, kind)
+        for a, b, what in ((got[0], want.q, "codes"), (got[1], want.s, "scales")):
+            if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(_raw(a), _raw(b)):
+                raise AssertionError(f"final check: your {kind} quantizer's {what} differ from kernels.quantize's")
+        done.append(kind)
+    print(f"same bits as kernels.quantize (codes and scales) for: {', '.join(done)} on a 256x1000 bf16 input")
+
+
+__all__ = [
+    "block_scaled_matmul_reference",
+    "check_blocks",
+    "check_block_scaled_matmul",
+    "check_delayed_scaling",
+    "check_dequantization",
+    "check_dequantize",
+    "check_mxfp8",
+    "check_per_tensor",
+    "check_rowwise",
+    "check_same_as_package",
+    "diagnose",
+    "lab_input",
+    "matmul_inputs",
+]
