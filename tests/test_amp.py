@@ -57,7 +57,7 @@ def test_unscale_bits_match_torch(inv_scale, chunk):
     found_ref = torch.zeros((), device=DEVICE)
     inv = torch.tensor(inv_scale, dtype=torch.float32, device=DEVICE)
     if chunk == 8:  # the tiny chunk makes thousands of programs: keep the interpreter's run short
-        ours, ref = ours[:4], ref[:4]
+        ours, ref = ours[:3], ref[:3]
     amp.foreach_non_finite_check_and_unscale_(ours, found_ours, inv, chunk=chunk)
     torch._amp_foreach_non_finite_check_and_unscale_(ref, found_ref, inv)
     for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
@@ -216,7 +216,7 @@ def test_scripted_overflow_sequence_matches_gradscaler():
     assert scales[:8] == [2.0**10, 2.0**10, 2.0**11, 2.0**10, 2.0**10, 2.0**9, 2.0**8, 2.0**8]
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(2))
 def test_random_overflow_sequences_match_gradscaler(seed):
     rng = random.Random(seed)
     args = {
@@ -226,7 +226,7 @@ def test_random_overflow_sequences_match_gradscaler(seed):
         "growth_interval": rng.choice([1, 2, 5]),
     }
     pair = _Pair(seed=seed, **args)
-    for i in range(40):
+    for i in range(25):
         poison = rng.choice([math.inf, -math.inf, math.nan]) if rng.random() < 0.3 else None
         skipped = pair.step(poison, clip=rng.choice([None, 0.5]))
         assert skipped[0] == skipped[1], f"step {i}"
