@@ -6,8 +6,11 @@ statistical; with its fixed seeds it passes the package's kernel for every seed 
 fails each biased rounding.
 """
 
+import importlib.util
 import math
+from pathlib import Path
 
+import nbformat
 import numpy as np
 import pytest
 import torch
@@ -236,3 +239,51 @@ def test_sr_values_lie_strictly_between_neighbours():
         lo, hi = stochastic.neighbours(v, fmt)
         assert bool(((lo < v.double()) & (v.double() < hi)).all()), fmt
         assert not math.isnan(float(v.sum()))
+
+
+# -- the lab as handed out: each starting kernel gets the diagnosis its prose promises -------------------
+
+LAB = Path(__file__).resolve().parents[1] / "labs" / "03_hazards_diagnostics.ipynb"
+STARTING_POINTS = {
+    # question: (the function the check receives, the phrases its diagnosis must contain)
+    "q1": ("stochastic_round", ["deterministic", "always rounds the same way"]),
+    "q2": ("dot", ["what a wider accumulator gives"]),
+    "q3": ("fp8_matmul", ["small partial sums were lost"]),
+    "q4": ("row_mean", ["error grows with N"]),
+    "q5": ("softmax", ["all zeros", "-inf"]),
+    "q6": ("quantize_fp8", ["came back as zero", "clipped"]),
+    "q7": ("variance", ["NaN only at large N"]),
+    "q8": ("to_bf16", ["biased toward zero"]),
+}
+
+
+def _lab_namespace(tmp_dir) -> dict:
+    """The lab's setup cell and every cell that defines a kernel or a host function (the starting
+    points, as a student first sees them), imported from a file: Triton reads a kernel's source."""
+    nb = nbformat.read(LAB, as_version=4)
+    starts = ("import math", "@triton.jit", "SR_TARGETS", "ACC_TYPES", "def fp8_matmul")
+    cells = [c.source for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(starts)]
+    header = "from kernels import device\n\ncaps = device.capabilities()\n"
+    path = tmp_dir / "lab03_starting_points.py"
+    path.write_text(header + "\n\n".join(cells) + "\n")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return vars(module)
+
+
+@pytest.fixture(scope="module")
+def lab_namespace(tmp_path_factory):
+    return _lab_namespace(tmp_path_factory.mktemp("lab03"))
+
+
+@pytest.mark.parametrize("question", sorted(STARTING_POINTS))
+def test_lab_starting_point_gets_its_diagnosis(lab_namespace, question):
+    fn_name, phrases = STARTING_POINTS[question]
+    with pytest.raises(AssertionError) as info:
+        CHECKS[question](lab_namespace[fn_name])
+    message = str(info.value)
+    print(message)
+    assert not isinstance(info.value, ExerciseNotDone)
+    for phrase in phrases:
+        assert phrase in message, f"{question}: {phrase!r} missing from:\n{message}"
