@@ -6,6 +6,7 @@ that names that mistake.
 """
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -250,3 +251,59 @@ def test_inputs_are_fixed():
     assert all(torch.equal(a[k], b[k]) for k in a)
     ties = a["ties"]
     assert ties.shape[1] % 32 == 0 and math.isclose(ties[0, :32].abs().max().item(), 6.0)
+
+
+# -- the lab notebook's starting kernels get the diagnoses its prose promises ------------------------------
+
+
+def _lab_module(tmp_path, folder="labs"):
+    """The lab's imports, starting kernels and host functions (not its checks), as an importable module:
+    ``@triton.jit`` reads its function's source from a file."""
+    import importlib.util
+
+    import nbformat
+
+    lab = nbformat.read(Path(__file__).resolve().parents[1] / folder / "06_fp4_weight_only.ipynb", as_version=4)
+    keep = ("@triton.jit", "ROWS, COLS", "import math", "def dequantize_fp4", "def w4a16", "def hadamard_rotate")
+    sources = ["from kernels import device\ncaps = device.capabilities()"]
+    for cell in lab.cells:
+        if cell.cell_type == "code" and cell.source.startswith(keep) and "dot_scaled" not in cell.source:
+            sources.append(cell.source)
+    path = tmp_path / f"lab06_{folder}.py"
+    path.write_text("\n\n".join(sources) + "\n")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lab_starting_kernels_get_the_promised_diagnoses(tmp_path):
+    lab = _lab_module(tmp_path)
+    ns = {name: getattr(lab, name) for name in ("quantize_fp4", "dequantize_fp4", "w4a16_matmul", "hadamard_rotate")}
+    with pytest.raises(AssertionError) as info:
+        lab06.check_quantize(ns["quantize_fp4"])
+    message = str(info.value)
+    assert "nvfp4" in message and "NVFP4 tensor scale ignored" in message
+    assert "mxfp4" in message and "E8M0 scale off by one" in message
+    with pytest.raises(AssertionError, match="whatever the input"):
+        lab06.check_dequantize(ns["dequantize_fp4"])
+    with pytest.raises(AssertionError, match="every output is 0"):
+        lab06.check_w4a16(ns["w4a16_matmul"])
+    with pytest.raises(AssertionError, match="block 16"):
+        lab06.check_hadamard(ns["hadamard_rotate"])
+
+
+def test_swapped_and_truncating_quantizer_gets_both_diagnoses():
+    with pytest.raises(AssertionError) as info:
+        lab06.check_quantize(lambda x, fmt: student_quantize(x, fmt, swap=True, rounding="toward zero"))
+    message = str(info.value)
+    assert "nibbles swapped" in message and "rounded toward zero" in message
+
+
+def test_the_solution_kernels_pass(tmp_path, capsys):
+    sol = _lab_module(tmp_path, "solutions")
+    lab06.check_quantize(sol.quantize_fp4)
+    lab06.check_dequantize(sol.dequantize_fp4)
+    lab06.check_w4a16(sol.w4a16_matmul)
+    lab06.check_hadamard(sol.hadamard_rotate)
+    assert capsys.readouterr().out.count("passed") == 4

@@ -133,30 +133,45 @@ def diagnose_quantizer(x: torch.Tensor, got: fp4.FP4Tensor, want: fp4.FP4Tensor)
         return [first_mismatches(np.empty(0), gs.numpy(), ws.numpy(), bad, what=f"{what} (as bytes)")]
     if torch.equal(got.q, want.q):
         return []
-    if torch.equal(_swap_nibbles(got.q), want.q):
-        return [
-            "nibbles swapped: element 2i belongs in the LOW nibble (bits 0-3) and element 2i+1 in the high "
-            "nibble, the order of torch.float4_e2m1fn_x2"
-        ]
+    # The codes: a known smell as stored, or one once the nibbles are swapped back.
+    found = _code_smell(x, got.q, want)
+    if found is not None:
+        return [found]
+    found = _code_smell(x, _swap_nibbles(got.q), want)
+    swapped = (
+        "nibbles swapped: element 2i belongs in the LOW nibble (bits 0-3) and element 2i+1 in the high "
+        "nibble, the order of torch.float4_e2m1fn_x2"
+    )
+    if found is not None:
+        return [swapped + (f"; and once swapped back, {found}" if found else "")]
     gc, wc = fp4.unpack(got.q).to(torch.int32), fp4.unpack(want.q).to(torch.int32)
+    bad = np.flatnonzero((gc != wc).numpy().ravel())
+    return [first_mismatches(x.numpy(), gc.numpy(), wc.numpy(), bad, what="E2M1 codes")]
+
+
+def _code_smell(x, q, want) -> str | None:
+    """ "" if ``q`` is right, the name of the mistake it shows, or None if it is none of the known ones."""
+    if torch.equal(q, want.q):
+        return ""
+    gc, wc = fp4.unpack(q).to(torch.int32), fp4.unpack(want.q).to(torch.int32)
     bad_mask = gc != wc
     if torch.equal(gc & 7, wc & 7):
-        return ["signs lost: a negative value's code has bit 3 set (code | 8), -0.0 included"]
-    mag = _scaled_magnitudes(x, want).clamp(max=6.0)
+        return "signs lost: a negative value's code has bit 3 set (code | 8), -0.0 included"
+    scaled = _scaled_magnitudes(x, want)
+    mag = scaled.clamp(max=6.0)
     sign = wc & 8
     rtz, away = _codes_toward_zero(mag) | sign, _codes_ties_away(mag) | sign
     if torch.equal(gc[bad_mask], rtz[bad_mask]):
-        return [
+        return (
             f"rounded toward zero: {int(bad_mask.sum())} codes are the E2M1 value just below |x| / S instead of "
             "the nearest one (round to nearest, ties to even: 1.2 -> 1.0 but 1.3 -> 1.5)"
-        ]
+        )
     if torch.equal(gc[bad_mask], away[bad_mask]):
-        return ["ties rounded away from zero: a tie between two E2M1 values goes to the even code (0.25 -> 0, 5 -> 4)"]
-    over = (_scaled_magnitudes(x, want) > 6.0) & bad_mask
+        return "ties rounded away from zero: a tie between two E2M1 values goes to the even code (0.25 -> 0, 5 -> 4)"
+    over = (scaled > 6.0) & bad_mask
     if over.any() and not (bad_mask & ~over).any():
-        return ["no saturation: values beyond 6 * S must become code 7 (6.0), the largest E2M1 value"]
-    bad = np.flatnonzero(bad_mask.numpy().ravel())
-    return [first_mismatches(x.numpy(), gc.numpy(), wc.numpy(), bad, what="E2M1 codes")]
+        return "no saturation: values beyond 6 * S must become code 7 (6.0), the largest E2M1 value"
+    return None
 
 
 def check_quantize(fn) -> None:
