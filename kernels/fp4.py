@@ -123,7 +123,7 @@ def _check_device(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} is on {t.device}, but Triton compiles for the GPU here: pass {name}.cuda()")
 
 
-def _check_input(x, block: int, name: str = "x") -> torch.Tensor:
+def _check_input(x, block: int, name: str = "x", kernel: bool = True) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
@@ -132,7 +132,8 @@ def _check_input(x, block: int, name: str = "x") -> torch.Tensor:
         raise ValueError(f"{name} must have at least one dimension (the K axis last), got a 0-d tensor")
     if x.shape[-1] % block:
         raise ValueError(f"{name}'s last dimension must be a multiple of the block size {block}, got {x.shape[-1]}")
-    _check_device(x, name)
+    if kernel:  # the references run on any device
+        _check_device(x, name)
     return x.contiguous()
 
 
@@ -412,7 +413,7 @@ def quantize_fp4_reference(
 ) -> FP4Tensor:
     """Plain-torch :func:`quantize_fp4`, bit for bit (codes, scales, tensor scale)."""
     bs = _check_fmt(fmt)
-    x = _check_input(x, bs)
+    x = _check_input(x, bs, kernel=False)
     seed = _check_seed(stochastic_rounding, seed)
     if block_2d and fmt != "nvfp4":
         raise ValueError("block_2d=True is NVFP4's 16x16 weight tiling; MXFP4 scales 1x32 blocks")
@@ -434,7 +435,7 @@ def quantize_fp4_reference(
     ts = None
     if fmt == "nvfp4":
         if tensor_scale is not None:
-            ts = tensor_scale.float().reshape(())
+            ts = tensor_scale.float().reshape(()).to(x.device)
         else:
             ts = tensor_scale_reference(a.amax() if a.numel() else torch.zeros((), device=x.device))
         sb8 = (amax / (6.0 * ts)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
@@ -447,7 +448,9 @@ def quantize_fp4_reference(
         inv = ((254 - c8.to(torch.int32)) << 23).view(torch.float32)  # 2^-e
     mag = (xg * inv[..., None]).abs().clamp(max=E2M1_MAX)
     if stochastic_rounding:
-        r = stochastic.random_bits(m * k, seed, device=x.device).to(x.device).reshape(m, k // bs, bs)
+        # the Philox words come from a Triton kernel: on the GPU when there is one, then moved to x
+        r = stochastic.random_bits(m * k, seed, device="cpu" if kernels.INTERPRETER else "cuda")
+        r = r.to(x.device).reshape(m, k // bs, bs)
         c = e2m1_stochastic_reference(mag, r)
     else:
         c = e2m1_rne_reference(mag)

@@ -216,7 +216,7 @@ def _neighbours(x):
 
 def test_stochastic_bits_are_philox_words():
     x = torch.randn(2, 32)
-    r = stochastic.random_bits(64, 5).reshape(2, 1, 32)
+    r = stochastic.random_bits(64, 5, device=DEVICE).reshape(2, 1, 32)
     t = F.quantize_fp4_reference(x, "mxfp4", stochastic_rounding=True, seed=5)
     inv = 2.0 ** -(t.s.to(torch.int32) - 127).float()
     mag = (x.reshape(2, 1, 32) * inv[..., None]).abs().clamp(max=6)
