@@ -1,8 +1,9 @@
 """Checks for Lab 5, FP8 training: scaled FP8 GEMMs and an FP8 linear layer.
 
 * q1 :func:`check_gemm_v1`: ``fn(a, b, a_scale, b_scale)`` -> bf16 ``(M, N)``, tensorwise scales.
-* q2 :func:`check_gemm_v2`: the same contract for the pipelined, grouped-order kernel, on shapes of
-  many tiles with ragged edges.
+* q2 :func:`check_grouped_order`: ``grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)``, a jit function,
+  against the grouped launch order on grids with a short last group; and :func:`check_gemm_v2`: the
+  pipelined, grouped-order kernel on shapes of many tiles with ragged edges (the GEMM contract of q1).
 * q3 :func:`check_gemm_rowwise`: ``a_scale`` ``(M, 1)``, ``b_scale`` ``(N, 1)``.
 * q4 :func:`check_gemm_blockwise`: ``a_scale`` ``(M, K/128)`` (1x128), ``b_scale`` ``(N/128, K/128)``
   (128x128), with fp32 promotion of every 128-K partial product.
@@ -24,6 +25,8 @@ the tensor core itself shows it.
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
 import kernels
 from kernels import fp8_gemm as G
@@ -172,6 +175,68 @@ def check_gemm_v2(fn):
     """q2: the pipelined, grouped kernel: same results as v1 on shapes of many tiles with ragged edges."""
     _check_gemm(fn, "q2", "fp8_gemm_v2", "tensor")
     print(f"q2 passed: {len(CHECK_SHAPES['q2'])} shapes of many tiles, every tile within the bound")
+
+
+@triton.jit
+def _tile_probe(out_ptr, num_pid_m, num_pid_n, FN: tl.constexpr, GROUP_M: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = pid < num_pid_m * num_pid_n
+    pid_m, pid_n = FN(tl.where(mask, pid, 0), num_pid_m, num_pid_n, GROUP_M)  # lanes past the grid: pid 0
+    tl.store(out_ptr + 2 * pid, pid_m, mask=mask)
+    tl.store(out_ptr + 2 * pid + 1, pid_n, mask=mask)
+
+
+TILE_GRIDS = ((5, 7, 2), (8, 3, 4), (9, 4, 8), (1, 6, 8), (6, 1, 2))  # (num_pid_m, num_pid_n, GROUP_M)
+
+
+def grouped_order(num_pid_m: int, num_pid_n: int, group_m: int) -> list:
+    """The grouped launch order of Triton's matmul tutorial, in Python: pid -> (pid_m, pid_n)."""
+    order = []
+    for pid in range(num_pid_m * num_pid_n):
+        group, r = divmod(pid, group_m * num_pid_n)
+        first = group * group_m
+        size = min(num_pid_m - first, group_m)
+        order.append((first + r % size, r // size))
+    return order
+
+
+def check_grouped_order(fn):
+    """q2 (order): ``fn(pid, num_pid_m, num_pid_n, GROUP_M)``, a ``@triton.jit`` function, gives every
+    tile exactly once, in grouped order, on grids whose last group is short."""
+    if not isinstance(fn, triton.runtime.KernelInterface):  # JITFunction, or InterpretedFunction in CPU mode
+        raise AssertionError("q2: grouped_tile must be a @triton.jit function (it is called inside the kernel)")
+    for m, n, gm in TILE_GRIDS:
+        out = torch.full((2 * m * n,), -1, dtype=torch.int32, device=_device())
+        try:
+            _tile_probe[(1,)](out, m, n, FN=fn, GROUP_M=gm, BLOCK=64)
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise AssertionError(f"q2: grouped_tile raised {type(e).__name__}: {first}") from e
+        got = [tuple(p) for p in out.reshape(-1, 2).tolist()]
+        want = grouped_order(m, n, gm)
+        if got == want:
+            continue
+        where = f"on a grid of {m}x{n} tiles with GROUP_M={gm}"
+        outside = [p for p in got if not (0 <= p[0] < m and 0 <= p[1] < n)]
+        if outside:
+            raise AssertionError(
+                f"q2: grouped_tile sends a program outside the grid {where} (e.g. tile {outside[0]}): the last "
+                f"group has only num_pid_m - first_pid_m rows (tl.minimum)"
+            )
+        if len(set(got)) < len(got):
+            dup = next(p for p in got if got.count(p) > 1)
+            raise AssertionError(
+                f"q2: grouped_tile gives tile {dup} to {got.count(dup)} programs {where}, so others are never "
+                f"computed: every pid must map to a different tile"
+            )
+        if got == [(p // n, p % n) for p in range(m * n)]:
+            raise AssertionError(
+                f"q2: grouped_tile gives row-major order {where}: consecutive programs walk along a row of tiles "
+                f"(v1's order); inside a group of GROUP_M tile rows they should walk down a column"
+            )
+        i = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+        raise AssertionError(f"q2: grouped_tile: program {i} gets tile {got[i]}, want {want[i]} {where}")
+    print(f"q2 passed: grouped order on {len(TILE_GRIDS)} grids, every tile exactly once")
 
 
 def check_gemm_rowwise(fn):
@@ -333,4 +398,6 @@ __all__ = [
     "check_gemm_rowwise",
     "check_gemm_v1",
     "check_gemm_v2",
+    "check_grouped_order",
+    "grouped_order",
 ]
