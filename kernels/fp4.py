@@ -702,6 +702,61 @@ def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None) -> 
     return c.reshape(*a.shape[:-1], n)
 
 
+# -- Blackwell: the tensor cores read MXFP4 themselves (tl.dot_scaled) ----------------------------------
+
+DOT_SCALED_CONFIG = (128, 128, 128, 8)  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps on the GPU
+DOT_SCALED_CPU_CONFIG = (16, 32, 64, 4)
+
+
+@triton.jit
+def _dot_scaled_kernel(
+    a_ptr, q_ptr, s_ptr, c_ptr, M, N, K, stride_am, stride_cm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k2 = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        a = tl.load(a_ptr + rm.to(tl.int64)[:, None] * stride_am + kk[None, :], mask=rm[:, None] < M, other=0.0)
+        # W^T as the right operand: (BLOCK_K // 2, BLOCK_N) packed along K, first element in the low nibble
+        b = tl.load(q_ptr + rn.to(tl.int64)[None, :] * (K // 2) + k2[:, None], mask=rn[None, :] < N, other=0)
+        s = tl.load(s_ptr + rn.to(tl.int64)[:, None] * (K // 32) + kg[None, :], mask=rn[:, None] < N, other=127)
+        acc = tl.dot_scaled(a, None, "bf16", b, s, "e2m1", acc)  # s: (BLOCK_N, BLOCK_K // 32), not transposed
+    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
+    tl.store(c_ptrs, acc.to(tl.bfloat16), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def w4a16_dot_scaled(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
+    """``a @ W^T`` for an MXFP4 weight with ``tl.dot_scaled``: on Blackwell (sm_100) the tensor cores read
+    the packed E2M1 codes and E8M0 scales directly; elsewhere Triton emulates it by upcasting to bf16.
+    ``a`` bf16 ``(M, K)``, K a multiple of BLOCK_K (128 on the GPU); output bf16 ``(M, N)``."""
+    _check_fp4(w)
+    if w.fmt != "mxfp4":
+        raise ValueError(f"w must be MXFP4 (E8M0 scales, blocks of 32) for tl.dot_scaled, got {w.fmt}")
+    if not isinstance(a, torch.Tensor) or a.dtype != torch.bfloat16 or a.dim() != 2:
+        raise TypeError(f"a must be a 2-D bfloat16 tensor, got {getattr(a, 'dtype', type(a))}")
+    n, k = w.shape
+    bm, bn, bk, warps = DOT_SCALED_CPU_CONFIG if kernels.INTERPRETER else DOT_SCALED_CONFIG
+    if a.shape[1] != k or k % bk:
+        raise ValueError(f"a must be (M, K = {k}) with K a multiple of {bk}, got {tuple(a.shape)}")
+    _check_device(a, "a")
+    m = a.shape[0]
+    a = a.contiguous()
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    if c.numel():
+        grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
+        _dot_scaled_kernel[grid](
+            a, w.q.contiguous(), w.s.contiguous(), c, m, n, k, a.stride(0), c.stride(0), BLOCK_M=bm, BLOCK_N=bn,
+            BLOCK_K=bk, num_warps=warps,
+        )  # fmt: skip
+    return c
+
+
 def w4a16_matmul_reference(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
     """Dequantize then matmul, in float64 (the accuracy reference: exact products, one rounding)."""
     wd = dequantize_fp4_reference(w).double()
@@ -839,6 +894,7 @@ __all__ = [
     "random_signs",
     "tensor_scale_reference",
     "unpack",
+    "w4a16_dot_scaled",
     "w4a16_matmul",
     "w4a16_matmul_reference",
 ]

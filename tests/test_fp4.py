@@ -292,6 +292,18 @@ def test_w4a16_leading_dims_and_errors():
         F.w4a16_matmul(a, w, config=(32, 48, False, 4, 1))
 
 
+def test_dot_scaled_matches_dequantize_then_matmul():
+    g = torch.Generator().manual_seed(9)
+    w = F.quantize_mxfp4(torch.randn(40, 128, generator=g).to(DEVICE))
+    a = torch.randn(5, 128, generator=g).to(torch.bfloat16).to(DEVICE)
+    got = F.w4a16_dot_scaled(a, w)
+    want = F.w4a16_matmul_reference(a, w)
+    c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name="dot_scaled")
+    assert c.ok, c.report
+    with pytest.raises(ValueError, match="MXFP4"):
+        F.w4a16_dot_scaled(a, F.quantize_nvfp4(torch.randn(40, 128, device=DEVICE)))
+
+
 # -- Hadamard rotation ---------------------------------------------------------------------------------
 
 
