@@ -646,7 +646,8 @@ def _w4a16_configs():
     ]
 
 
-_w4a16_tuned = triton.autotune(configs=_w4a16_configs(), key=["M", "N", "K", "BS", "NV"])(_w4a16_kernel)
+# Keyed on BLOCK_M, not M: the decode sizes 1..16 share a tile, and a new M does not rerun the tuning.
+_w4a16_tuned = triton.autotune(configs=_w4a16_configs(), key=["N", "K", "BS", "NV", "BLOCK_M"])(_w4a16_kernel)
 
 
 def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None) -> torch.Tensor:
