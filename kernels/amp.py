@@ -78,7 +78,7 @@ def _unscale_chunk(ptr, count, inv_scale, WIDE: tl.constexpr, ALIGNED: tl.conste
     if ALIGNED:  # the host checked that every tensor starts on 16 bytes: lets loads vectorise
         ptr = tl.multiple_of(ptr, 16)
     offs = tl.arange(0, BLOCK)
-    bad = tl.zeros([BLOCK], dtype=tl.int1)
+    bad = tl.zeros([BLOCK], dtype=tl.int32)  # lanes that saw an inf or NaN
     n_full = count // BLOCK
     # Full blocks without a mask (the mask's bound is only known at run time and would stop
     # the compiler from using 16-byte accesses); then one masked tail.
@@ -86,15 +86,15 @@ def _unscale_chunk(ptr, count, inv_scale, WIDE: tl.constexpr, ALIGNED: tl.conste
         p = ptr + i * BLOCK + offs
         x = tl.load(p)
         wide = x.to(WIDE)
-        bad = bad | (wide != wide) | (tl.abs(wide) == float("inf"))
+        bad = bad | ((wide != wide) | (tl.abs(wide) == float("inf"))).to(tl.int32)
         tl.store(p, (wide * inv_scale).to(x.dtype))
     rest = offs < count - n_full * BLOCK
     p = ptr + n_full * BLOCK + offs
     x = tl.load(p, mask=rest, other=0.0)
     wide = x.to(WIDE)
-    bad = bad | (wide != wide) | (tl.abs(wide) == float("inf"))
+    bad = bad | ((wide != wide) | (tl.abs(wide) == float("inf"))).to(tl.int32)
     tl.store(p, (wide * inv_scale).to(x.dtype), mask=rest)
-    return tl.max(bad.to(tl.int32), axis=0)
+    return tl.max(bad, axis=0)
 
 
 @triton.jit
