@@ -68,6 +68,7 @@ import argparse
 import csv
 import dataclasses
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -128,6 +129,27 @@ class Lab:
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.tests, sort_keys=True).encode()).hexdigest()
 
+    def summary(self) -> list:
+        """[(question, points, public test cases, hidden test cases, the names the tests take)]."""
+        from otter.test_files.exception_test import ExceptionTestFile
+
+        rows = []
+        for q in self.questions:
+            tf = ExceptionTestFile.from_string(self.tests[q], path=q)
+            names = sorted({a for c in tf.test_cases for a in c.body._get_func_params()} - {"env"})
+            hidden = sum(c.hidden for c in tf.test_cases)
+            rows.append((q, float(tf.possible), len(tf.test_cases) - hidden, hidden, names))
+        return rows
+
+    def describe(self) -> str:
+        """A few lines for an instructor: each question, its points, its tests and what it grades."""
+        rows = self.summary()
+        lines = [f"{self.name}: {len(rows)} questions, {sum(r[1] for r in rows):g} points (tests: {self.source})"]
+        for q, points, public, hidden, names in rows:
+            tests = f"{public} public" + (f" + {hidden} hidden" if hidden else "")
+            lines.append(f"  {q}: {points:g} points, {tests} test case(s), grades {', '.join(names) or '-'}")
+        return "\n".join(lines)
+
     def aliases(self) -> list:
         """Names a file may carry to say it is this lab: the full name, and ``labNN``."""
         number = self.name.split("_", 1)[0]
@@ -136,6 +158,24 @@ class Lab:
 
 def _natural(s: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def _may_hide_tests(master: Path) -> bool:
+    """True unless no test cell of an otter master notebook can be hidden (otter marks a hidden test
+    with the word "hidden" in its first line or its config)."""
+    import nbformat
+
+    nb = nbformat.read(master, as_version=4)
+    in_tests = False
+    for cell in nb.cells:
+        text = cell.source.strip()
+        if re.match(r"#\s*BEGIN TESTS", text, flags=re.I) or re.match(r'"""\s*#\s*BEGIN TESTS', text, flags=re.I):
+            in_tests = True
+        elif re.match(r'(#|"""\s*#)\s*END TESTS', text, flags=re.I):
+            in_tests = False
+        elif in_tests and cell.cell_type == "code" and re.search(r"\bhidden\b", text, flags=re.I):
+            return True
+    return False
 
 
 def lab_tests(lab: Path) -> dict:
@@ -153,19 +193,22 @@ def load_labs(labs_dir: Path = ROOT / "labs", solutions_dir: Path = ROOT / "solu
     """{lab name: Lab} for every lab in ``labs_dir``, with hidden tests from ``solutions_dir`` if there.
 
     The student lab carries only the public tests; the autograder notebook that ``otter assign``
-    makes from the solution carries the hidden ones too.
+    makes from the solution carries the hidden ones too.  ``otter assign`` (seconds per lab) runs only
+    for a solution that may hold hidden tests; otherwise the lab's own tests are the whole set.
     """
     from kernels import labgen
 
     labs = {}
     for path in sorted(Path(labs_dir).glob("*.ipynb")):
         master = Path(solutions_dir) / path.name
-        if master.is_file():
+        if master.is_file() and not _may_hide_tests(master):
+            labs[path.stem] = Lab(path.stem, lab_tests(path), f"labs/{path.name}; solutions/{path.name} has no hidden")
+        elif master.is_file():
             with tempfile.TemporaryDirectory(prefix="kernels-grade-assign-") as tmp:
                 _, autograder = labgen.assign(master, Path(tmp))
-                labs[path.stem] = Lab(path.stem, lab_tests(autograder), f"solutions/{path.name} (public and hidden)")
+                labs[path.stem] = Lab(path.stem, lab_tests(autograder), f"solutions/{path.name}, public and hidden")
         else:
-            labs[path.stem] = Lab(path.stem, lab_tests(path), f"labs/{path.name} (public tests only)")
+            labs[path.stem] = Lab(path.stem, lab_tests(path), f"labs/{path.name}, public tests only")
     if not labs:
         raise ValueError(f"labs_dir: no lab notebooks in {labs_dir}")
     return labs
@@ -293,10 +336,31 @@ def _kill_running():
                 pass
 
 
+def _warm_caches(scratch: Path) -> Path:
+    """Caches every sandbox starts with, built once per run outside them: matplotlib's font list
+    (building it runs ``fc-list``, a program, which a sandbox may not start)."""
+    cache = scratch / "cache"
+    cache.mkdir()
+    if importlib.util.find_spec("matplotlib") is not None:
+        env = _child_env(cache)
+        env["MPLCONFIGDIR"] = str(cache)
+        subprocess.run(
+            [sys.executable, "-c", "import matplotlib.font_manager"],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+    return cache
+
+
 def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, scratch: Path) -> dict:
     """Run one submission in a child process and return its raw events summarised as a result."""
     workdir = Path(tempfile.mkdtemp(prefix="sub-", dir=scratch))
-    (workdir / "tmp").mkdir()
+    if (scratch / "cache").is_dir():
+        shutil.copytree(scratch / "cache", workdir / "tmp", ignore=shutil.ignore_patterns("tmp"))
+    else:
+        (workdir / "tmp").mkdir()
     shutil.copyfile(sub.path, workdir / f"{lab.name}.ipynb")
     spec = {
         "notebook": f"{lab.name}.ipynb",
@@ -372,11 +436,10 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
                         pass
     finally:
         os.close(events_r)
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:  # the whole group: a timed-out child, and anything it left behind
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         # wait4, not wait: the child's own CPU time (user + system) comes with its exit status
         try:
             _, status, usage = os.wait4(proc.pid, 0)
@@ -657,6 +720,8 @@ def _mount_hidden(root: Path, hidden: list, workdir: Path):
         p = Path(path)
         if p.is_dir() and not str(workdir).startswith(str(p) + os.sep):
             mount(b"tmpfs", str(p).encode(), b"tmpfs", MS_RDONLY, b"size=4k,mode=0555")
+        elif p.is_file():
+            mount(b"/dev/null", str(p).encode(), None, MS_BIND, None)
 
 
 def _child(spec: dict) -> int:
@@ -907,6 +972,11 @@ def _audit_hook(workdir: Path, root: Path, hidden: list, emit):
 # Results on disk: atomic, resumable
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = Path(path).resolve(), Path(folder).resolve()
+    return path == folder or folder in path.parents
+
+
 def _atomic_write(path: Path, text: str):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -1049,7 +1119,11 @@ def grade(
     notebooks = find_notebooks(paths)
     submissions = [identify(p, labs, lab) for p in notebooks]
     folders = {p.resolve().parent for p in notebooks} | {Path(p).resolve() for p in paths if Path(p).is_dir()}
-    hidden = sorted({ROOT / "solutions", ROOT / "tests", out, *folders})
+    # Off limits to every submission: the solutions (hidden tests live there), the test suite (its data
+    # files excepted: notebooks read them), every submissions folder and the output folder.  A folder
+    # holding the package itself cannot be hidden from the code that imports it.
+    tests = [p for p in (ROOT / "tests").iterdir() if p.name != "data"]
+    hidden = sorted(p for p in {ROOT / "solutions", *tests, out, *folders} if not _inside(ROOT / "kernels", p))
     (out / "results").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="kernels-grade-"))
     hidden.append(scratch)  # other submissions' sandboxes; a child's own folder stays visible
@@ -1065,6 +1139,9 @@ def grade(
             except ValueError:
                 pass
         todo.append((key, sub))
+
+    if todo:
+        _warm_caches(scratch)
 
     def one(key, sub):
         lab_ = labs.get(sub.lab)
@@ -1169,7 +1246,8 @@ def main(argv=None) -> int:
         description=__doc__.splitlines()[0],
         epilog="Statuses and the isolation guarantee: see the module's docstring.",
     )
-    parser.add_argument("submissions", type=Path, nargs="+", help="submitted notebooks, or folders holding them")
+    parser.add_argument("submissions", type=Path, nargs="*", help="submitted notebooks, or folders holding them")
+    parser.add_argument("--list-labs", action="store_true", help="print each lab's questions, points and tests; exit")
     parser.add_argument(
         "--out",
         type=Path,
@@ -1210,6 +1288,12 @@ def main(argv=None) -> int:
     parser.add_argument("--labs-dir", type=Path, default=ROOT / "labs", help="default: %(default)s")
     parser.add_argument("--solutions-dir", type=Path, default=ROOT / "solutions", help="default: %(default)s")
     args = parser.parse_args(argv)
+    if args.list_labs:
+        for lab in load_labs(args.labs_dir, args.solutions_dir).values():
+            print(lab.describe())
+        return 0
+    if not args.submissions:
+        parser.error("submissions: name at least one notebook or folder")
     missing = [str(s) for s in args.submissions if not s.exists()]
     if missing:
         parser.error(f"submissions: no such file(s) or folder(s): {', '.join(missing)}")
