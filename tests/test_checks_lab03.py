@@ -211,7 +211,7 @@ def test_wrong_solution_is_caught(question, name):
         assert phrase in message, f"{question} {name!r}: {phrase!r} missing from:\n{message}"
 
 
-@pytest.mark.parametrize("seeds", [(1, 2), (101, 202)])
+@pytest.mark.parametrize("seeds", [(1, 2), (101, 202), (7, 8)])
 def test_statistical_test_passes_the_right_rounding_for_other_seeds(seeds):
     lab03.check_stochastic_round(RIGHT["q1"], seeds=seeds)
 

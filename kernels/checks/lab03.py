@@ -3,7 +3,7 @@
 * q1 :func:`check_stochastic_round`: ``fn(x, fmt, seed)`` (fp32 tensor, "bf16" or "e4m3fn", int) ->
   tensor of that format.  Reproducible for a seed, different for another, every result a neighbour
   of its input, specials as the hardware conversion; and unbiased: a statistical test on the means of
-  2048 roundings of each of ~80 values, which a biased rounding fails.
+  1024 roundings of each of ~100 values, which a biased rounding fails.
 * q2 :func:`check_accumulate`: ``fn(a, b, acc, compensated)`` -> fp32 row dot products; the error
   against float64 must look like the accumulator asked for (fp32 tiny, bf16 and fp16 clearly larger),
   and compensation must cut it down.
@@ -45,9 +45,9 @@ def _tensor(out, question, dtype, shape, what):
 # -- q1: stochastic rounding --------------------------------------------------------------------------
 
 SR_FORMATS = ("bf16", "e4m3fn")
-SR_COPIES = 1024  # roundings of each value per call; two seeds make 2048
+SR_COPIES = 512  # roundings of each value per call; two seeds make 1024
 SR_SEEDS = (11, 12)
-Z_LIMIT = 5.0  # |z| of a mean of 2048 correct roundings exceeds 5 with probability 6e-7
+Z_LIMIT = 5.0  # |z| of a mean of 1024 correct roundings exceeds 5 with probability 6e-7
 _FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 3, 1 / 2, 2 / 3, 3 / 4, 7 / 8, 15 / 16, 0.01, 0.99)
 
 
@@ -194,7 +194,7 @@ def check_stochastic_round(fn, seeds=SR_SEEDS) -> None:
             else:
                 bias = "biased"
             lines.append(
-                f"{question} ({fmt}): {bias}: the means of 2048 roundings miss the input by more than {Z_LIMIT:g} "
+                f"{question} ({fmt}): {bias}: the means of 1024 roundings miss the input by more than {Z_LIMIT:g} "
                 f"standard errors for {int(bad.sum())} of {values.size} values; worst {_v(values[worst])}: rounded up "
                 f"{p_got:.4f} of the time, want (x - lo) / (hi - lo) = {p_want:.4f} (z = {z[worst].item():+.1f}). "
                 f"The noise must be uniform over exactly the dropped bits"
