@@ -18,6 +18,11 @@ mixed-precision RMSNorm (load narrow, compute wide, store narrow).
   and backward of RMSNorm in Triton: bf16/fp16 rows in and out, statistics in fp32 registers, the
   reciprocal RMS saved in fp32 for the backward, the weight gradient reduced in fp32 (per-program
   partial sums, then a second small reduction).  :func:`rmsnorm_reference` is the fp32 reference.
+  :func:`layernorm` and :class:`LayerNorm` do the same with the mean subtracted (two fp32 statistics
+  per row, dW and dB reduced in fp32).
+* :func:`train` trains :class:`CharTransformer`, a small character-level transformer, on the corpus
+  in ``data/`` with one of :data:`RECIPES` (fp32, bf16, fp16 with and without loss scaling, fp16
+  weights without a master copy), one :func:`train_step` at a time.
 
 How one launch reaches every tensor of a list: a *block table*.  The host cuts each tensor into
 chunks of ``UNSCALE_CHUNK`` elements and writes one row per chunk into an int64 tensor,
@@ -638,18 +643,146 @@ def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) 
     return xf * rstd * weight.float()
 
 
-__all__ = [
-    "DynamicLossScaler",
-    "RMSNorm",
-    "RMSNormFunction",
-    "foreach_non_finite_check_and_unscale_",
-    "foreach_non_finite_check_and_unscale_reference",
-    "rmsnorm",
-    "rmsnorm_backward",
-    "rmsnorm_forward",
-    "rmsnorm_reference",
-    "update_scale_",
-]
+# -- LayerNorm: the same pattern with one more statistic -------------------------------------------------
+
+
+@triton.jit
+def _layernorm_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / N  # fp32 statistics, in registers
+    xc = tl.where(mask, x - mean, 0.0)  # padding lanes must not enter the variance
+    rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(xc * xc, axis=0) / N + eps))
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y + cols, (xc * rstd * w + b).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _layernorm_bwd_kernel(
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    M, N, stride_dy, stride_x, stride_dx, BLOCK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK], dtype=tl.float32)
+    db = tl.zeros([BLOCK], dtype=tl.float32)
+    dy_row = dy_ptr + pid * stride_dy
+    x_row = x_ptr + pid * stride_x
+    dx_row = dx_ptr + pid * stride_dx
+    for row in range(pid, M, n_programs):
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+        x_hat = tl.where(mask, (x - tl.load(mean_ptr + row)) * tl.load(rstd_ptr + row), 0.0)
+        wdy = w * dy
+        # dx = rstd * (w*dy - mean(w*dy) - x_hat * mean(w*dy * x_hat)): two fp32 row reductions
+        c1 = tl.sum(x_hat * wdy, axis=0) / N
+        c2 = tl.sum(wdy, axis=0) / N
+        dx = (wdy - (x_hat * c1 + c2)) * tl.load(rstd_ptr + row)
+        tl.store(dx_row + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += dy * x_hat
+        db += dy
+        dy_row += n_programs * stride_dy
+        x_row += n_programs * stride_x
+        dx_row += n_programs * stride_dx
+    tl.store(dw_partial_ptr + pid * N + cols, dw, mask=mask)
+    tl.store(db_partial_ptr + pid * N + cols, db, mask=mask)
+
+
+def layernorm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5):
+    """``(y, mean, rstd)``: y = (x - mean) * rstd * weight + bias in x's dtype; mean and rstd fp32 per row."""
+    _check_norm_inputs(x, weight, eps)
+    if not isinstance(bias, torch.Tensor) or bias.shape != weight.shape or bias.dtype not in _NORM_DTYPES:
+        raise ValueError(f"bias must be a float tensor shaped like weight {tuple(weight.shape)}")
+    _check_device(bias, "bias")
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)  # (M, N)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    mean = torch.empty(m, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+    if m:
+        block = triton.next_power_of_2(n)
+        _layernorm_fwd_kernel[(m,)](
+            x2, weight, bias, y, mean, rstd, x2.stride(0), y.stride(0), n, eps,
+            BLOCK=block, num_warps=rmsnorm_warps(block),
+        )  # fmt: skip
+    return y.reshape(x.shape), mean, rstd
+
+
+def layernorm_backward(dy, x, weight, mean, rstd):
+    """``(dx, dweight, dbias)`` from the upstream gradient, the input and the saved fp32 statistics."""
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n).contiguous()  # (M, N)
+    dy2 = dy.reshape(-1, n).contiguous()  # (M, N)
+    m = x2.shape[0]
+    dx = torch.empty_like(x2)
+    dw = torch.empty(n, dtype=weight.dtype, device=x.device)
+    db = torch.empty(n, dtype=weight.dtype, device=x.device)
+    if m == 0:
+        return dx.reshape(x.shape), dw.zero_(), db.zero_()
+    block = triton.next_power_of_2(n)
+    g = _bwd_programs(m)
+    partial = torch.empty((2, g, n), dtype=torch.float32, device=x.device)  # (dW | dB, G, N) fp32
+    _layernorm_bwd_kernel[(g,)](
+        dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], m, n, dy2.stride(0), x2.stride(0), dx.stride(0),
+        BLOCK=block, num_warps=rmsnorm_warps(block),
+    )  # fmt: skip
+    grid = (triton.cdiv(n, RMSNORM_DW_BLOCK_N),)
+    for part, out in ((partial[0], dw), (partial[1], db)):
+        _sum_rows_kernel[grid](part, out, g, n, BLOCK_G=RMSNORM_DW_BLOCK_G, BLOCK_N=RMSNORM_DW_BLOCK_N)
+    return dx.reshape(x.shape), dw, db
+
+
+class LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = layernorm_forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = layernorm_backward(dy, x, weight, mean, rstd)
+        return dx, dw, db, None
+
+
+def layernorm(x, weight, bias, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dimension with Triton forward and backward (differentiable)."""
+    return LayerNormFunction.apply(x, weight, bias, eps)
+
+
+class LayerNorm(torch.nn.Module):
+    """``y = (x - mean) / sqrt(var + eps) * weight + bias``, statistics in fp32, input dtype out."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, dtype=torch.float32, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+        self.bias = torch.nn.Parameter(torch.zeros(dim, dtype=dtype, device=device))
+
+    def forward(self, x):
+        return layernorm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def layernorm_reference(x, weight, bias, eps: float = 1e-5) -> torch.Tensor:
+    """The fp32 reference, not rounded."""
+    return torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), eps)
 
 
 # -- 4. a real training run: a character-level transformer, in five precision recipes -----------------
@@ -817,3 +950,27 @@ def train(recipe: str, steps=300, batch=64, lr=3e-3, seed=0, model_args=None, st
             out["scale"].append(scaler.get_scale() if scaler else 1.0)
     out["steps"] = list(range(0, steps, log_every)) + ([steps - 1] if (steps - 1) % log_every else [])
     return out
+
+
+__all__ = [
+    "CharTransformer",
+    "DynamicLossScaler",
+    "LayerNorm",
+    "LayerNormFunction",
+    "RMSNorm",
+    "RMSNormFunction",
+    "foreach_non_finite_check_and_unscale_",
+    "foreach_non_finite_check_and_unscale_reference",
+    "layernorm",
+    "layernorm_backward",
+    "layernorm_forward",
+    "layernorm_reference",
+    "load_corpus",
+    "rmsnorm",
+    "rmsnorm_backward",
+    "rmsnorm_forward",
+    "rmsnorm_reference",
+    "train",
+    "train_step",
+    "update_scale_",
+]

@@ -360,3 +360,54 @@ def test_rmsnorm_bad_input():
         amp.rmsnorm(x.long(), torch.ones(8, device=DEVICE))
     with pytest.raises(ValueError, match="eps must be"):
         amp.rmsnorm(x, torch.ones(8, device=DEVICE), eps=-1.0)
+
+
+# -- LayerNorm ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_layernorm_forward_and_backward_against_fp64_reference(dtype):
+    # Same reasoning as RMSNorm: one rounding of an fp32 value (half an ulp), plus for dx, dw and db
+    # the error of fp32 sums where the result cancels to near zero.
+    tol = tolerance("elementwise", dtype)
+    tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps / 2
+    g = torch.Generator().manual_seed(2)
+    for name, x in _rms_cases(dtype):
+        n = x.shape[-1]
+        if n == 1:  # x - mean is exactly 0; the fp64 reference's own rounding leaves ~1e-16 in dw there
+            continue
+        w = (1 + 0.1 * torch.randn(n, generator=g)).to(dtype)
+        b = (0.1 * torch.randn(n, generator=g)).to(dtype)
+        dy = torch.randn(x.shape, generator=g).to(dtype)
+        xd, wd, bd = (t.to(DEVICE).clone().requires_grad_() for t in (x, w, b))
+        y = amp.layernorm(xd, wd, bd, 1e-5)
+        y.backward(dy.to(DEVICE))
+        xr, wr, br = (t.double().requires_grad_() for t in (x, w, b))
+        ref = torch.nn.functional.layer_norm(xr, (n,), wr, br, 1e-5)
+        ref.backward(dy.double())
+        result = compare(y, ref.detach(), atol=tiny + 1e-6 * float(br.detach().abs().max()), rtol=tol.rtol, name=name)
+        assert result.ok, result.report
+        with torch.no_grad():
+            rstd = torch.rsqrt(xr.var(-1, unbiased=False, keepdim=True) + 1e-5)
+            x_hat = (xr - xr.mean(-1, keepdim=True)) * rstd
+            terms = {
+                "dx": (wr * dy.double() * rstd).abs().amax(),
+                "dw": (dy.double() * x_hat).abs().reshape(-1, n).sum(0).amax(),
+                "db": dy.double().abs().reshape(-1, n).sum(0).amax(),
+            }
+        for got, want, what in ((xd.grad, xr.grad, "dx"), (wd.grad, wr.grad, "dw"), (bd.grad, br.grad, "db")):
+            result = compare(got, want, atol=float(terms[what]) * 2.0**-16 + tiny, rtol=tol.rtol, name=f"{name} {what}")
+            assert result.ok, result.report
+            assert got.dtype == dtype
+
+
+def test_layernorm_module_and_bad_input():
+    norm = amp.LayerNorm(32, dtype=torch.bfloat16, device=DEVICE)
+    x = torch.randn(3, 32, device=DEVICE).to(torch.bfloat16)
+    y, mean, rstd = amp.layernorm_forward(x, norm.weight.detach(), norm.bias.detach(), 1e-5)
+    assert mean.dtype == rstd.dtype == torch.float32
+    assert torch.equal(norm(x), y)
+    ref = amp.layernorm_reference(x, norm.weight, norm.bias, 1e-5)
+    assert compare(y, ref, atol=1e-6, rtol=2.0**-8).ok
+    with pytest.raises(ValueError, match="bias must be"):
+        amp.layernorm(x, norm.weight, torch.zeros(31, device=DEVICE))
