@@ -300,6 +300,11 @@ class Limits:
     memory_gb: float = DEFAULT_MEMORY_GB
     output_mb: float = DEFAULT_OUTPUT_MB
     namespaces: bool = True
+    cpu_s: float | None = None  # CPU seconds (RLIMIT_CPU); None: the same as timeout_s
+
+    @property
+    def cpu_limit(self) -> int:
+        return int(self.cpu_s if self.cpu_s is not None else self.timeout_s)
 
 
 def _child_env(workdir: Path) -> dict:
@@ -380,6 +385,8 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        # CPU time stops a busy loop however loaded the machine is; the wall clock catches the rest
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_limit, limits.cpu_limit + 5))
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_cap, file_cap))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -457,6 +464,8 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
     elapsed = time.monotonic() - started
     log_tail = (workdir / "tmp" / "child.log").read_bytes()[-4000:].decode("utf-8", "replace")
     shutil.rmtree(workdir, ignore_errors=True)
+    if proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and cpu_s >= limits.cpu_limit - 1:
+        timed_out = "cpu"
     result = summarise(sub, lab, events, proc.returncode, timed_out, elapsed, limits, log_tail)
     result["cpu_seconds"] = round(cpu_s, 1)
     return result
@@ -485,7 +494,8 @@ def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail
             where = f"in cell {running['index'] + 1}"
         elif running and executed:
             where = f"while scoring {running.get('question', '')}".rstrip()
-        flag("timeout", f"stopped after {limits.timeout_s:g} s {where} (an infinite loop?)")
+        spent = f"{limits.cpu_limit} s of CPU time" if timed_out == "cpu" else f"{limits.timeout_s:g} s"
+        flag("timeout", f"stopped after {spent} {where} (an infinite loop?)")
     if any(e.get("memory") for e in cells) or any(c.get("memory") for c in cases):
         flag("memory", f"ran out of memory (limit {limits.memory_gb:g} GB of address space)")
     if not timed_out and not finished and returncode not in (0, None):
@@ -863,6 +873,7 @@ def _audit_hook(workdir: Path, root: Path, hidden: list, emit):
     """An audit hook that refuses (and reports) reads of hidden paths, writes outside ``workdir``,
     new processes and sockets."""
     work = os.path.realpath(workdir)
+    unlistable = {os.path.realpath(root / "tests")}  # its data files may be opened by name, not browsed
     hidden_real = [os.path.realpath(p) for p in hidden]
     pid = os.getpid()
     write_ok = ("/dev/null",)
@@ -923,6 +934,9 @@ def _audit_hook(workdir: Path, root: Path, hidden: list, emit):
             elif event in ("os.listdir", "os.scandir", "glob.glob", "os.chdir"):
                 if args and args[0] is not None:
                     check_read(args[0], "listing" if event != "os.chdir" else "entering")
+                    p = real(args[0])
+                    if event in ("os.listdir", "os.scandir") and p in unlistable:
+                        refuse("forbidden-read", f"listing {p}: the test suite is off limits")
             elif event in (
                 "os.remove",
                 "os.rmdir",
@@ -1268,6 +1282,9 @@ def main(argv=None) -> int:
         help="wall-clock seconds per submission (default: %(default)s)",
     )
     parser.add_argument(
+        "--cpu-timeout", type=float, default=None, help="CPU seconds per submission (default: the same as --timeout)"
+    )
+    parser.add_argument(
         "--memory-gb",
         type=float,
         default=DEFAULT_MEMORY_GB,
@@ -1297,8 +1314,8 @@ def main(argv=None) -> int:
     missing = [str(s) for s in args.submissions if not s.exists()]
     if missing:
         parser.error(f"submissions: no such file(s) or folder(s): {', '.join(missing)}")
-    for name in ("timeout", "memory_gb", "output_mb", "jobs"):
-        if getattr(args, name) <= 0:
+    for name in ("timeout", "memory_gb", "output_mb", "jobs", "cpu_timeout"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not args.labs_dir.is_dir():
         parser.error(f"--labs-dir: no such folder {args.labs_dir}")
@@ -1312,7 +1329,7 @@ def main(argv=None) -> int:
         f"{args.jobs} at a time",
         file=sys.stderr,
     )
-    limits = Limits(args.timeout, args.memory_gb, args.output_mb, namespaces)
+    limits = Limits(args.timeout, args.memory_gb, args.output_mb, namespaces, args.cpu_timeout)
     results = grade(
         args.submissions, args.out, labs=labs, lab=args.lab, jobs=args.jobs, limits=limits, force=args.force
     )

@@ -29,7 +29,9 @@ def test_q2_tie(fp32_to_bf16):
     x = torch.tensor([0x3F808001], dtype=torch.int32).view(torch.float32)  # just above a tie
     assert fp32_to_bf16(x).view(torch.int16).item() == 0x3F81, "{SECRET}: 0x3F808001 must round up"
 '''
-LIMITS = dict(timeout_s=40, memory_gb=6, output_mb=1)
+# The endless loop is stopped by its CPU time (a machine busy with other work cannot make a sound
+# notebook time out); the wall clock is left generous.
+LIMITS = dict(timeout_s=900, cpu_s=25, memory_gb=6, output_mb=1)
 ESCAPE_TARGETS = [ROOT / "ESCAPED.txt", Path("/tmp/ESCAPED-kernels-grade.txt")]
 
 
@@ -76,7 +78,7 @@ def test_every_bad_kind_is_explained(graded):
     assert re.match(r"cell 4: SyntaxError: unmatched '\)' \(line 3\); not defined: round_bf16_bits", detail["dave"])
     assert detail["erin"] == "not defined: round_bf16_bits"
     assert detail["frank"].startswith("all 6 code cells raised an exception; not defined: fp32_to_bf16, round_bf16")
-    assert re.match(r"stopped after 40 s in cell 7 \(an infinite loop\?\)", detail["grace"])
+    assert detail["grace"] == "stopped after 25 s of CPU time in cell 7 (an infinite loop?)"
     assert detail["heidi"].startswith("ran out of memory (limit 6 GB of address space)")
     assert detail["ivan"] == "printed more than 1 MB; the rest of the output was dropped"
     for what in ["solutions/00_bf16_rounding.ipynb: the solutions", "tests/test_grade.py", "cmdline: another process"]:
@@ -120,7 +122,7 @@ def test_feedback_names_hidden_tests_without_revealing_them(graded):
     assert "* hidden test `q2 - 2`: failed" in bob
     assert "* hidden test `q2 - 2`: passed" in (feedback / "alice.md").read_text()
     grace = (feedback / "grace.md").read_text()
-    assert "stopped after 40 s" in grace and "not scored" in grace
+    assert "stopped after 25 s of CPU time" in grace and "not scored" in grace
     assert (
         "q2: fp32_to_bf16 (your kernel's launcher) raised InterpreterError: OutOfBounds('out-of-bounds tl.load"
         in (feedback / "oscar.md").read_text()
