@@ -362,6 +362,22 @@ def test_stub_is_not_done(question):
     assert not passes(CHECKS[question], None)
 
 
+def test_rmsnorm_check_fails_nan_outputs():
+    def nan_forward(x, w, eps):
+        y, rstd = amp.rmsnorm_forward(x, w, eps)
+        return torch.full_like(y, float("nan")), rstd
+
+    with pytest.raises(AssertionError, match="y has NaN/inf"):
+        lab04.check_rmsnorm((nan_forward, amp.rmsnorm_backward))
+
+    def nan_backward(dy, x, w, rstd):
+        dx, dw = amp.rmsnorm_backward(dy, x, w, rstd)
+        return torch.full_like(dx, float("nan")), dw
+
+    with pytest.raises(AssertionError, match="dx is off"):
+        lab04.check_rmsnorm((amp.rmsnorm_forward, nan_backward))
+
+
 def test_scaler_check_wants_the_class():
     with pytest.raises(AssertionError, match="pass the class itself"):
         lab04.check_scaler(amp.DynamicLossScaler())

@@ -310,12 +310,17 @@ def check_rmsnorm(forward, backward=None, dtype=torch.bfloat16, eps=1e-6) -> Non
             raise AssertionError(
                 f"q3: rstd has shape {tuple(rstd.shape)}, want one value per row {tuple(rstd_ref.shape)}"
             )
+        if not bool(torch.isfinite(y).all()):
+            raise AssertionError(
+                f"q3: forward {name}: y has NaN/inf where the reference is finite (is every element of the row "
+                f"computed and stored, with other=0.0 on the masked loads?)"
+            )
         err = (y.double() - y_ref).abs()
         bound = half_ulp * y_ref.abs() + tiny
-        if (err > bound * 1.001).any():
+        if not bool((err <= bound * 1.001).all()):
             raise AssertionError(f"q3: forward {name}: " + _rms_forward_smell(x, w, y, y_ref, rstd, rstd_ref, eps))
         rel_rstd = ((rstd.double() - rstd_ref).abs() / rstd_ref).max().item()
-        if rel_rstd > 2.0**-20:
+        if not rel_rstd <= 2.0**-20:  # written so that NaN fails too
             raise AssertionError(
                 f"q3: forward {name}: rstd is off by up to {rel_rstd:.2g} relative: statistics in bf16 (or another "
                 f"narrow type): widen x to fp32 before squaring and summing, and keep rstd in fp32"
@@ -335,7 +340,7 @@ def check_rmsnorm(forward, backward=None, dtype=torch.bfloat16, eps=1e-6) -> Non
         for got, want, terms, what in ((dx, dx_ref, terms_dx, "dx"), (dw, dw_ref, terms_dw, "dw")):
             err = (got.double() - want).abs()
             bound = half_ulp * want.abs() + float(terms) * 2.0**-16 + tiny
-            if (err > bound).any():
+            if not bool((err <= bound).all()):  # NaN fails
                 raise AssertionError(f"q3: backward {name}: " + _rms_backward_smell(what, got, want, x, w, dy, eps))
         checked += x.numel()
     print(f"q3 passed: RMSNorm forward and backward on {checked} {str(dtype).replace('torch.', '')} elements "
