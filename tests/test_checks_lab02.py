@@ -6,8 +6,11 @@ the mistakes happen in a kernel; :data:`WRONG_SOLUTIONS` maps each to the phrase
 contain.
 """
 
+import importlib.util
 import math
+from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 
@@ -358,3 +361,56 @@ def test_lab_input_is_adversarial():
     x = lab02.lab_input().float().cpu()
     assert torch.isnan(x).any() and torch.isinf(x).any() and (x == 0).all(dim=1).any()
     assert x.shape[1] % 128 and x.shape[1] % 32 and x.shape[0] % 128
+
+
+# -- the notebook's own kernels: the lab's starting versions get the diagnoses its prose promises ----------
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = """
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import quantize as Q
+
+DEV = {dev!r}
+
+
+def tensor_quantizer(x, s=None):
+    return Q.quantize_tensor(x) if s is None else (Q.quantize_tensor_with_scale(x, s), s)
+"""
+# question -> (what defines it in the notebook, what the check is given, the lab's promised diagnosis)
+NOTEBOOK_QUESTIONS = {
+    "q1": ("def quantize_tensor", lambda m: m.quantize_tensor, "leave non-finite values out of amax"),
+    "q2": ("def quantize_rowwise", lambda m: m.quantize_rowwise, "taken over more than one row group"),
+    "q3": ("def quantize_blocks", lambda m: m.quantize_blocks, "divides by zero"),
+    "q4": ("def quantize_mxfp8", lambda m: m.quantize_mxfp8, "all-zero block got E8M0 byte"),
+    "q5": ("class AmaxHistory", lambda m: m.AmaxHistory, "not done yet"),
+    "q6": ("def dequantize(", lambda m: (m.dequantize, m.block_scaled_matmul), "E8M0 byte used as the scale's value"),
+}
+
+
+def _notebook_module(path: Path, marker: str, tmp_path: Path):
+    nb = nbformat.read(path, as_version=4)
+    source = next(c.source for c in nb.cells if c.cell_type == "code" and marker in c.source)
+    name = f"{path.parent.name}_{marker.split()[-1].strip('(')}"
+    module_path = tmp_path / f"{name}.py"  # Triton reads a kernel's source from its file
+    module_path.write_text(HEADER.format(dev=DEVICE) + "\n\n" + source + "\n")
+    spec = importlib.util.spec_from_file_location(name, module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("question", sorted(NOTEBOOK_QUESTIONS))
+def test_the_solution_notebook_passes_and_the_lab_gets_its_diagnosis(question, tmp_path, capsys):
+    marker, given, promised = NOTEBOOK_QUESTIONS[question]
+    solution = _notebook_module(ROOT / "solutions" / "02_scaling_quantizers.ipynb", marker, tmp_path)
+    CHECKS[question](given(solution))
+    assert "passed" in capsys.readouterr().out
+    lab = _notebook_module(ROOT / "labs" / "02_scaling_quantizers.ipynb", marker, tmp_path)
+    with pytest.raises(AssertionError) as err:
+        CHECKS[question](given(lab))
+    assert promised in str(err.value), str(err.value)

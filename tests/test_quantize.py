@@ -51,8 +51,8 @@ SHAPES = [(1, 1), (7, 33), (130, 257), (2, 3, 40)]
 # fp32 the cases where their conversion to fp32 differs (specials, subnormals, range) on two shapes.
 PLAN = {
     torch.bfloat16: (SHAPES, None),
-    torch.float16: (SHAPES[1:3], ("random", "nan/inf", "subnormals", "huge")),
-    torch.float32: (SHAPES[1:3], ("random", "nan/inf", "subnormals", "huge")),
+    torch.float16: (SHAPES[1:2], ("random", "nan/inf", "subnormals", "huge")),
+    torch.float32: (SHAPES[1:2], ("random", "nan/inf", "subnormals", "huge")),
 }
 
 
