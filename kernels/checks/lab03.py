@@ -81,7 +81,7 @@ def _sr_specials(fmt: str) -> dict:
         "negative zero": -0.0,
         "exact 1.0": 1.0,
         "exact -3.0": -3.0,
-        "largest finite": formats.properties(fmt).max_finite,
+        "largest finite": formats.properties_from_fields(fmt).max_finite,
         "inf": math.inf,
         "-inf": -math.inf,
         "NaN": math.nan,
