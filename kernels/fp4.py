@@ -184,6 +184,41 @@ def _e2m1_to_bf16(c):
 
 
 @triton.jit
+def _e2m1_to_bf16_fast(c):
+    """E2M1 codes -> bf16 in three integer operations and one multiplication: the fields go where bf16's
+    are, the exponent field unchanged.  For e >= 1 that reads 2^(e - 127) (1 + m / 2); for e = 0 it is the
+    bf16 subnormal m * 2^-127.  Both are the E2M1 value times 2^-126, which one exact multiplication by
+    2^126 (bf16 0x7E80) undoes.  Needs bf16 subnormal inputs kept, not flushed: :func:`fast_decode_ok`
+    checks that on the device before the GEMM uses it."""
+    bits = ((c & 7) << 6) | ((c & 8) << 12)
+    two126 = tl.full(c.shape, 0x7E80, tl.uint16).to(tl.bfloat16, bitcast=True)
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True) * two126
+
+
+@triton.jit
+def _decode_probe_kernel(out_ptr, FAST: tl.constexpr):
+    c = tl.arange(0, 16)
+    v = _e2m1_to_bf16_fast(c) if FAST else _e2m1_to_bf16(c)
+    tl.store(out_ptr + c, v)
+
+
+_FAST_DECODE_OK = {}
+
+
+def fast_decode_ok(device=None) -> bool:
+    """Whether :func:`_e2m1_to_bf16_fast` gives the exact E2M1 values on ``device`` (checked once, by
+    running it on all 16 codes): it relies on bf16 subnormals surviving a multiplication."""
+    device = device or ("cpu" if kernels.INTERPRETER else "cuda")
+    key = str(device)
+    if key not in _FAST_DECODE_OK:
+        out = torch.empty(16, dtype=torch.bfloat16, device=device)
+        _decode_probe_kernel[(1,)](out, FAST=True)
+        want = e2m1_decode(torch.arange(16)).to(torch.bfloat16)
+        _FAST_DECODE_OK[key] = torch.equal(out.cpu().view(torch.int16), want.view(torch.int16))
+    return _FAST_DECODE_OK[key]
+
+
+@triton.jit
 def _e8m0_to_bf16(c):
     """E8M0 bytes (int32) -> bf16 2^(c - 127), exactly (0 is the bf16 subnormal 2^-127, 255 NaN)."""
     bits = tl.where(c == 0, 0x0040, c << 7)
@@ -590,6 +625,7 @@ def _w4a16_kernel(
     NV: tl.constexpr,
     EVEN_K: tl.constexpr,  # K a multiple of BLOCK_K: no K masks in the loop
     GATHER: tl.constexpr,  # unpack by loading each byte twice (L1 hits) instead of join + reshape
+    FAST: tl.constexpr,  # decode with _e2m1_to_bf16_fast (3 integer ops per weight instead of ~10)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -612,13 +648,14 @@ def _w4a16_kernel(
         if GATHER:
             w_mask = n_ok if EVEN_K else n_ok & (kk[None, :] < K)
             b = tl.load(q_row + (kk // 2)[None, :], mask=w_mask, other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K)
-            c = (b >> ((kk & 1) * 4)[None, :]) & 0xF  # even k: low nibble, odd k: high nibble
+            c = b >> ((kk & 1) * 4)[None, :]  # even k: low nibble, odd k: high (the decoders read bits 0-3)
             s = tl.load(s_row + (kk // BS)[None, :], mask=w_mask, other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K)
             if NV:
                 sw = s.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)  # exact: E4M3 fits bf16
             else:
                 sw = _e8m0_to_bf16(s)
-            w = _e2m1_to_bf16(c) * sw  # exact in bf16: 2 + 4 significant bits at most
+            q = _e2m1_to_bf16_fast(c) if FAST else _e2m1_to_bf16(c)
+            w = q * sw  # exact in bf16: 2 + 4 significant bits at most
         else:
             k2 = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             kg = k0 // BS + tl.arange(0, BLOCK_K // BS)
@@ -626,12 +663,14 @@ def _w4a16_kernel(
             g_mask = n_ok if EVEN_K else n_ok & (kg[None, :] < K // BS)
             b = tl.load(q_row + k2[None, :], mask=b_mask, other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K // 2)
             s = tl.load(s_row + kg[None, :], mask=g_mask, other=0)  # (BLOCK_N, BLOCK_K // BS)
-            c = tl.reshape(tl.join(b & 0xF, b >> 4), (BLOCK_N, BLOCK_K // BS, BS))  # low nibble first
+            # low nibble first; no "& 0xF": both decoders read only bits 0-3 of a code
+            c = tl.reshape(tl.join(b, b >> 4), (BLOCK_N, BLOCK_K // BS, BS))
             if NV:
                 sw = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
             else:
                 sw = _e8m0_to_bf16(s.to(tl.int32))
-            w = tl.reshape(_e2m1_to_bf16(c) * sw[:, :, None], (BLOCK_N, BLOCK_K))
+            q = _e2m1_to_bf16_fast(c) if FAST else _e2m1_to_bf16(c)
+            w = tl.reshape(q * sw[:, :, None], (BLOCK_N, BLOCK_K))
         acc = tl.dot(a, tl.trans(w), acc)  # bf16 x bf16 -> fp32 accumulator
     if NV:
         acc = acc * tl.load(ts_ptr)  # the tensor scale, once per output
@@ -647,10 +686,10 @@ def _w4a16_configs():
 
 
 # Keyed on BLOCK_M, not M: the decode sizes 1..16 share a tile, and a new M does not rerun the tuning.
-_w4a16_tuned = triton.autotune(configs=_w4a16_configs(), key=["N", "K", "BS", "NV", "BLOCK_M"])(_w4a16_kernel)
+_w4a16_tuned = triton.autotune(configs=_w4a16_configs(), key=["N", "K", "BS", "NV", "BLOCK_M", "FAST"])(_w4a16_kernel)
 
 
-def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None) -> torch.Tensor:
+def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None, fast: bool | None = None) -> torch.Tensor:
     """``a @ W^T`` with ``a`` bf16 ``(..., K)`` and ``W`` an FP4 weight ``(N, K)`` (NVFP4 or MXFP4):
     the packed codes and scales are read from memory and dequantized in registers, the product runs on
     bf16 tensor cores with fp32 accumulation (the NVFP4 tensor scale multiplies the accumulator) and the
@@ -658,7 +697,10 @@ def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None) -> 
 
     ``config`` = ``(BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages)`` fixes the launch; by default the
     GPU autotunes over :data:`W4A16_CONFIGS` (K a multiple of 512) and the interpreter uses
-    :data:`W4A16_CPU_CONFIG`."""
+    :data:`W4A16_CPU_CONFIG`.  ``fast`` picks the E2M1 decoder: the three-operation one
+    (:func:`_e2m1_to_bf16_fast`) or the one with selects; by default the fast one wherever
+    :func:`fast_decode_ok` has found it exact on this device.  At decode shapes the kernel has ~2 integer
+    operations per weight to spend before the integer units, not memory, set its speed."""
     bs = _check_fp4(w)
     if not isinstance(a, torch.Tensor) or a.dtype != torch.bfloat16:
         raise TypeError(f"a must be a bfloat16 tensor of activations, got {getattr(a, 'dtype', type(a))}")
@@ -685,13 +727,14 @@ def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None) -> 
     block_m = min(max(16, triton.next_power_of_2(m)), 64)
     args = (a2, w.q.contiguous(), s, ts, c, m, n, k, a2.stride(0), c.stride(0))
     nv = w.fmt == "nvfp4"
+    fast = fast_decode_ok(a.device) if fast is None else bool(fast)
     if config is None and (kernels.INTERPRETER or k % max(cfg[1] for cfg in W4A16_CONFIGS)):
         config = W4A16_CPU_CONFIG if kernels.INTERPRETER else (64, 128, True, 4, 3)
     if config is not None:
         bn, bk, gather, warps, stages = config
         grid = (triton.cdiv(n, bn), triton.cdiv(m, block_m))
         _w4a16_kernel[grid](
-            *args, BS=bs, NV=nv, EVEN_K=k % bk == 0, GATHER=bool(gather), BLOCK_M=block_m, BLOCK_N=bn,
+            *args, BS=bs, NV=nv, EVEN_K=k % bk == 0, GATHER=bool(gather), FAST=fast, BLOCK_M=block_m, BLOCK_N=bn,
             BLOCK_K=bk, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     else:
@@ -699,7 +742,7 @@ def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None) -> 
         def grid(meta):
             return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, block_m))
 
-        _w4a16_tuned[grid](*args, BS=bs, NV=nv, EVEN_K=True, BLOCK_M=block_m)
+        _w4a16_tuned[grid](*args, BS=bs, NV=nv, EVEN_K=True, FAST=fast, BLOCK_M=block_m)
     return c.reshape(*a.shape[:-1], n)
 
 
@@ -883,6 +926,7 @@ __all__ = [
     "e2m1_decode",
     "e2m1_rne_reference",
     "e8m0_from_amax",
+    "fast_decode_ok",
     "fake_quantize",
     "hadamard_matrix",
     "hadamard_rotate",

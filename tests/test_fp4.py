@@ -262,13 +262,17 @@ def test_bits_per_element():
 
 @pytest.mark.parametrize("fmt", list(F.FORMATS))
 @pytest.mark.parametrize("m,n,k", [(1, 64, 128), (16, 96, 64), (5, 33, 320), (70, 32, 96)])
-@pytest.mark.parametrize("config", [None, (16, 64, True, 4, 2)], ids=["join", "gather"])
-def test_w4a16_matches_dequantize_then_matmul(fmt, m, n, k, config):
+@pytest.mark.parametrize(
+    "config,fast",
+    [(None, None), ((16, 64, True, 4, 2), True), ((32, 128, False, 4, 2), False)],
+    ids=["join-fast", "gather-fast", "join-select"],
+)
+def test_w4a16_matches_dequantize_then_matmul(fmt, m, n, k, config, fast):
     g = torch.Generator().manual_seed(m + n + k)
     w = torch.randn(n, k, generator=g).to(DEVICE)
     a = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEVICE)
     wq = F.quantize_fp4(w, fmt)
-    got = F.w4a16_matmul(a, wq, config=config)
+    got = F.w4a16_matmul(a, wq, config=config, fast=fast)
     want = F.w4a16_matmul_reference(a, wq)
     # bf16 output: one rounding (2^-8) of an fp32 sum; absolute part scaled by the output's magnitude
     c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name=f"w4a16 {fmt}")
@@ -278,6 +282,15 @@ def test_w4a16_matches_dequantize_then_matmul(fmt, m, n, k, config):
     if fmt == "mxfp4":
         wd = F.dequantize_fp4(wq, torch.bfloat16)
         assert torch.equal(wd.float(), F.dequantize_fp4_reference(wq).cpu().to(DEVICE)), "not exact in bf16"
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_decoders_give_every_e2m1_value(fast):
+    out = torch.empty(16, dtype=torch.bfloat16, device=DEVICE)
+    F._decode_probe_kernel[(1,)](out, FAST=fast)
+    assert torch.equal(out.cpu().float(), F.e2m1_decode(torch.arange(16)))
+    if kernels.INTERPRETER:  # on a GPU, whether bf16 subnormals survive is the hardware's answer
+        assert F.fast_decode_ok(DEVICE) is True
 
 
 def test_w4a16_leading_dims_and_errors():
