@@ -88,7 +88,7 @@ def _dot_kernel(
     tl.store(out_ptr + rows, total, mask=row_ok)
 
 
-def _check_dot_args(a, b, acc, compensated, lanes):
+def _check_dot_args(a, b, acc, compensated, lanes, on_device: bool = True):
     if not isinstance(a, torch.Tensor):
         raise TypeError(f"a must be a torch.Tensor, got {type(a).__name__}")
     if a.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -108,7 +108,8 @@ def _check_dot_args(a, b, acc, compensated, lanes):
         raise TypeError(f"compensated must be True or False, got {compensated!r}")
     if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 2 or lanes & (lanes - 1):
         raise ValueError(f"lanes must be a power of two >= 2, got {lanes!r}")
-    _device_ok(a, "a")
+    if on_device:
+        _device_ok(a, "a")
 
 
 def dot(
@@ -152,7 +153,7 @@ def dot_reference(
     """:func:`dot`'s recipe in NumPy (ml_dtypes for bf16): the same roundings in the same order."""
     import ml_dtypes
 
-    _check_dot_args(a.cpu(), None if b is None else b.cpu(), acc, compensated, lanes)
+    _check_dot_args(a, b, acc, compensated, lanes, on_device=False)
     np_acc = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16, "fp32": np.float32}[acc]
     squeeze = a.dim() == 1
     a2 = (a[None, :] if squeeze else a).detach().cpu().float().numpy()
@@ -231,7 +232,7 @@ def _fp8_matmul_kernel(
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def _check_fp8_args(a, b, promote_every, block_k):
+def _check_fp8_args(a, b, promote_every, block_k, on_device: bool = True):
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of dtype torch.float8_e4m3fn, got {type(t).__name__}")
@@ -252,7 +253,8 @@ def _check_fp8_args(a, b, promote_every, block_k):
         raise ValueError(
             f"promote_every must be None or a positive multiple of block_k={block_k}, got {promote_every!r}"
         )
-    _device_ok(a, "a")
+    if on_device:
+        _device_ok(a, "a")
 
 
 def _pad_k(a, b, multiple):
@@ -300,7 +302,7 @@ def fp8_matmul_reference(
     """:func:`fp8_matmul` with every ``tl.dot`` exact (float64) and rounded once to fp32, the
     promotions fp32 multiply-and-adds: the CPU interpreter's arithmetic, in NumPy.  On a GPU the
     kernel differs from this by exactly what the tensor core's accumulator loses."""
-    _check_fp8_args(a.cpu(), b.cpu(), promote_every, block_k)
+    _check_fp8_args(a, b, promote_every, block_k, on_device=False)
     chunk = promote_every or max(block_k, -(-a.shape[1] // block_k) * block_k)
     a, b = _pad_k(a.detach().cpu(), b.detach().cpu(), chunk)
     a64 = a.float().numpy().astype(np.float64)

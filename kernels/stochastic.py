@@ -118,7 +118,7 @@ def _random_bits_kernel(r_ptr, n, seed, BLOCK: tl.constexpr):
     tl.store(r_ptr + offs, r, mask=offs < n)
 
 
-def _check(x, fmt, seed, saturate):
+def _check(x, fmt, seed, saturate, on_device: bool = True):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor of dtype torch.float32, got {type(x).__name__}")
     if x.dtype != torch.float32:
@@ -128,7 +128,7 @@ def _check(x, fmt, seed, saturate):
     _check_seed(seed)
     if saturate is not None and not isinstance(saturate, bool):
         raise TypeError(f"saturate must be True, False or None, got {saturate!r}")
-    if not kernels.INTERPRETER and x.device.type != "cuda":
+    if on_device and not kernels.INTERPRETER and x.device.type != "cuda":
         raise ValueError(f"x is on {x.device}, but Triton compiles for the GPU here: pass x.cuda()")
 
 
@@ -179,9 +179,11 @@ def stochastic_round(x: torch.Tensor, fmt: str, seed: int, saturate: bool | None
     return y
 
 
-def random_bits(n: int, seed: int, device="cpu") -> torch.Tensor:
-    """The Philox words ``tl.randint(seed, i)`` for ``i < n`` (int64 in [0, 2^32)): the random bits
-    that :func:`stochastic_round` adds to element ``i``."""
+def random_bits(n: int, seed: int, device=None) -> torch.Tensor:
+    """The Philox words ``tl.randint(seed, i)`` for ``i < n`` (int64 in [0, 2^32)), on the CPU: the
+    random bits that :func:`stochastic_round` adds to element ``i``.  ``device`` is where the kernel
+    runs (default: the CPU in the interpreter, the GPU otherwise)."""
+    device = device or ("cpu" if kernels.INTERPRETER else "cuda")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
     _check_seed(seed)
@@ -225,9 +227,9 @@ def stochastic_round_bits_reference(
 def stochastic_round_reference(x: torch.Tensor, fmt: str, seed: int, saturate: bool | None = None) -> torch.Tensor:
     """:func:`stochastic_round` computed in plain PyTorch on the CPU from :func:`random_bits`;
     returned on ``x``'s device."""
-    _check(x.cpu() if isinstance(x, torch.Tensor) else x, fmt, seed, saturate)
+    _check(x, fmt, seed, saturate, on_device=False)
     bits = x.detach().cpu().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    rand = random_bits(x.numel(), seed, device=x.device).reshape(x.shape)
+    rand = random_bits(x.numel(), seed).reshape(x.shape)
     codes = stochastic_round_bits_reference(bits, rand, fmt, saturate)
     width = formats._SPECS[fmt].width
     int_dtype = torch.uint8 if width == 8 else torch.int16
