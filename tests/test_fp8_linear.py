@@ -148,7 +148,7 @@ def test_markov_source_entropy():
 
 
 def test_training_fp8_tracks_bf16():
-    kw = dict(steps=4, batch=32, dim=32, depth=1, lr=3e-3)
+    kw = dict(steps=2, batch=16, dim=16, depth=1, lr=3e-3)
     fp8, h = L.train_markov(L.FP8Recipe(), **kw)
     bf16, _ = L.train_markov(None, **kw)
     print("fp8 ", [round(v, 4) for v in fp8], "\nbf16", [round(v, 4) for v in bf16], "\nentropy", h)
