@@ -353,6 +353,11 @@ def tma_ok(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
     return aligned and a.shape[1] % 16 == 0 and (c.shape[1] * c.element_size()) % 16 == 0
 
 
+def _has_tma(device) -> bool:
+    """TMA (the copy engine behind tensor descriptors) exists from Hopper (sm_90) on; the interpreter models it."""
+    return kernels.INTERPRETER or torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _num_sms(device) -> int:
     if kernels.INTERPRETER:
         return CPU_PROGRAMS
@@ -369,8 +374,8 @@ def fp8_gemm(
     (``(M, 1)``, ``(N, 1)``) or "block" (``(M, cdiv(K, 128))``, ``(cdiv(N, 128), cdiv(K, 128))``, with
     fp32 promotion of every 128-K partial product).  ``kernel="persistent"`` (TMA, one program per SM;
     falls back to "grouped" when the layout is not TMA-aligned) or ``"grouped"`` (pointer loads, one
-    tile per program).  Both are autotuned on a GPU over :data:`CONFIGS` and use :data:`CPU_CONFIG` in
-    CPU mode."""
+    tile per program; also used before sm_90, which has no TMA).  Both are autotuned on a GPU over
+    :data:`CONFIGS` and use :data:`CPU_CONFIG` in CPU mode."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
     a, b, a_scale, b_scale, m, n, k = _check_args(a, b, a_scale, b_scale, scaling, out_dtype)
@@ -381,7 +386,7 @@ def fp8_gemm(
         return c.zero_()
     args = (a, b, c, a_scale, b_scale, m, n, k)
     meta = {"SCALING": SCALINGS[scaling], "UPCAST": _upcast()}
-    if kernel == "persistent" and tma_ok(a, b, c):
+    if kernel == "persistent" and tma_ok(a, b, c) and _has_tma(a.device):
         _tma_allocator()
         sms = _num_sms(a.device)
         meta["NUM_SMS"] = sms
