@@ -313,6 +313,9 @@ def test_rmsnorm_forward_and_backward_against_fp32_reference(dtype):
     # cancel to near zero, the absolute error of those sums, ~N * 2^-24 of the largest term, dominates,
     # hence the small atol relative to the largest gradient.
     tol = tolerance("elementwise", dtype)
+    # Our fp32 value and the reference's differ by a few fp32 ulps (summation order, the GPU's
+    # approximate division), which can tip a rounding at a bf16 midpoint: allow that sliver.
+    rtol = tol.rtol * (1 + 2.0**-12)
     # Outputs that land among the subnormals are rounded to an absolute grid: half its spacing.
     tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps / 2
     g = torch.Generator().manual_seed(1)
@@ -326,7 +329,7 @@ def test_rmsnorm_forward_and_backward_against_fp32_reference(dtype):
         y.backward(dy.to(DEVICE))
         xr, wr = x.double().requires_grad_(), w.double().requires_grad_()  # fp64: the exact answer
         yr = amp.rmsnorm_reference(x, w, 1e-6)
-        result = compare(y, yr, atol=tiny, rtol=tol.rtol, name=name)
+        result = compare(y, yr, atol=tiny, rtol=rtol, name=name)
         assert result.ok, result.report
         rstd = torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6)
         ref = xr * rstd * wr
@@ -336,7 +339,7 @@ def test_rmsnorm_forward_and_backward_against_fp32_reference(dtype):
             dw_terms = (dy.double() * xr * rstd).abs().reshape(-1, n).sum(0).amax()
         for got, want, terms, what in ((xd.grad, xr.grad, dx_terms, "dx"), (wd.grad, wr.grad, dw_terms, "dw")):
             atol = float(terms) * 2.0**-16 + tiny
-            result = compare(got, want, atol=atol, rtol=tol.rtol, name=f"{name} {what}")
+            result = compare(got, want, atol=atol, rtol=rtol, name=f"{name} {what}")
             assert result.ok, result.report
             assert got.dtype == dtype
 
@@ -370,6 +373,7 @@ def test_layernorm_forward_and_backward_against_fp64_reference(dtype):
     # Same reasoning as RMSNorm: one rounding of an fp32 value (half an ulp), plus for dx, dw and db
     # the error of fp32 sums where the result cancels to near zero.
     tol = tolerance("elementwise", dtype)
+    rtol = tol.rtol * (1 + 2.0**-12)  # as for RMSNorm: a few fp32 ulps between our value and the reference's
     tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps / 2
     g = torch.Generator().manual_seed(2)
     for name, x in _rms_cases(dtype):
@@ -385,7 +389,7 @@ def test_layernorm_forward_and_backward_against_fp64_reference(dtype):
         xr, wr, br = (t.double().requires_grad_() for t in (x, w, b))
         ref = torch.nn.functional.layer_norm(xr, (n,), wr, br, 1e-5)
         ref.backward(dy.double())
-        result = compare(y, ref.detach(), atol=tiny + 1e-6 * float(br.detach().abs().max()), rtol=tol.rtol, name=name)
+        result = compare(y, ref.detach(), atol=tiny + 1e-6 * float(br.detach().abs().max()), rtol=rtol, name=name)
         assert result.ok, result.report
         with torch.no_grad():
             rstd = torch.rsqrt(xr.var(-1, unbiased=False, keepdim=True) + 1e-5)
@@ -396,7 +400,7 @@ def test_layernorm_forward_and_backward_against_fp64_reference(dtype):
                 "db": dy.double().abs().reshape(-1, n).sum(0).amax(),
             }
         for got, want, what in ((xd.grad, xr.grad, "dx"), (wd.grad, wr.grad, "dw"), (bd.grad, br.grad, "db")):
-            result = compare(got, want, atol=float(terms[what]) * 2.0**-16 + tiny, rtol=tol.rtol, name=f"{name} {what}")
+            result = compare(got, want, atol=float(terms[what]) * 2.0**-16 + tiny, rtol=rtol, name=f"{name} {what}")
             assert result.ok, result.report
             assert got.dtype == dtype
 
