@@ -158,14 +158,14 @@ def test_fp8_path_says_how_operands_reach_the_mma():
 # -- the accumulator: promotion is what keeps small K-blocks --------------------------------------------
 
 
-def big_then_small(m=16, n=16, k=2048):
-    """Block 0 of K sums 128 products of 1 (B = 128); the 1920 products of the later blocks are 2^-9 =
-    2^-16 B each.  Their sum, 3.75, is visible in bf16 (ulp 1 at 128), but an accumulator that keeps
-    ~13-14 bits below B drops every one of them when they are added to B one MMA at a time."""
+def big_then_small(m=16, n=16, k=128 + 16384):
+    """Block 0 of K sums 128 products of 1 (B = 128); the 16384 later products are 2^-13 = 2^-20 B each
+    (32 of them, one MMA step, 2^-15 B).  Their sum, 2, is visible in bf16 (130 vs 128), but an
+    accumulator of ~13-14 bits below B drops every one of them when they are added to B."""
     a = torch.ones(m, k)
     b = torch.ones(n, k)
     a[:, 128:] = 2.0**-4
-    b[:, 128:] = 2.0**-5
+    b[:, 128:] = 2.0**-9
     qa = Q.Quantized(a.to(torch.float8_e4m3fn).to(DEVICE), torch.ones(m, k // 128, device=DEVICE))
     qb = Q.Quantized(b.to(torch.float8_e4m3fn).to(DEVICE), torch.ones(triton_cdiv(n, 128), k // 128, device=DEVICE))
     return qa, qb

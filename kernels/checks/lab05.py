@@ -246,14 +246,15 @@ def check_gemm_rowwise(fn):
 
 
 def _big_then_small():
-    """K = 2048: block 0 sums 128 products of 1; the 1920 later products are 2^-16 of that sum each.
-    Promoted, they add up to 3.75 (visible in bf16); carried in one FP8 accumulator, they vanish."""
+    """K = 128 + 16384: block 0 sums 128 products of 1 (B = 128); the 16384 later products are 2^-13 =
+    2^-20 B each (even 32 of them, one MMA step, are 2^-15 B).  Promoted, they add up to 2, visible in
+    bf16 (130 vs 128); carried in an FP8 accumulator that keeps ~13-14 bits below B, they vanish."""
     m = n = 32
-    k = 2048
+    k = 128 + 16384
     a = torch.ones(m, k)
     b = torch.ones(n, k)
     a[:, 128:] = 2.0**-4
-    b[:, 128:] = 2.0**-5
+    b[:, 128:] = 2.0**-9  # e4m3's smallest subnormal: exact
     dev = _device()
     qa = Q.Quantized(a.to(torch.float8_e4m3fn).to(dev), torch.ones(m, k // 128, device=dev))
     qb = Q.Quantized(b.to(torch.float8_e4m3fn).to(dev), torch.ones(1, k // 128, device=dev))
