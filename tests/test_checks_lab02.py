@@ -65,7 +65,7 @@ def torch_quantizer(
         amax = a.amax().reshape(1, 1).expand(-(-m // gm), -(-k // gk))
     elif unmasked_tail and k % gk:
         amax = Q._group_amax_ref(xf, gm, gk).clone()
-        flat = torch.cat([a.reshape(-1), torch.zeros(gk)])
+        flat = torch.cat([a.reshape(-1), torch.zeros(gk, device=a.device)])
         for r in range(m):  # the tail group reads on past K, into the next row
             start = r * k + k - k % gk
             amax[r, -1] = flat[start : start + gk].amax()
