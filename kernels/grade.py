@@ -147,7 +147,8 @@ class Lab:
         lines = [f"{self.name}: {len(rows)} questions, {sum(r[1] for r in rows):g} points (tests: {self.source})"]
         for q, points, public, hidden, names in rows:
             tests = f"{public} public" + (f" + {hidden} hidden" if hidden else "")
-            lines.append(f"  {q}: {points:g} points, {tests} test case(s), grades {', '.join(names) or '-'}")
+            unit = "point" if points == 1 else "points"
+            lines.append(f"  {q}: {points:g} {unit}, {tests} test case(s), grades {', '.join(names) or '-'}")
         return "\n".join(lines)
 
     def aliases(self) -> list:
@@ -202,11 +203,11 @@ def load_labs(labs_dir: Path = ROOT / "labs", solutions_dir: Path = ROOT / "solu
     for path in sorted(Path(labs_dir).glob("*.ipynb")):
         master = Path(solutions_dir) / path.name
         if master.is_file() and not _may_hide_tests(master):
-            labs[path.stem] = Lab(path.stem, lab_tests(path), f"labs/{path.name}; solutions/{path.name} has no hidden")
+            labs[path.stem] = Lab(path.stem, lab_tests(path), f"labs/{path.name}; no hidden tests")
         elif master.is_file():
             with tempfile.TemporaryDirectory(prefix="kernels-grade-assign-") as tmp:
                 _, autograder = labgen.assign(master, Path(tmp))
-                labs[path.stem] = Lab(path.stem, lab_tests(autograder), f"solutions/{path.name}, public and hidden")
+                labs[path.stem] = Lab(path.stem, lab_tests(autograder), f"solutions/{path.name}, hidden ones too")
         else:
             labs[path.stem] = Lab(path.stem, lab_tests(path), f"labs/{path.name}, public tests only")
     if not labs:

@@ -254,7 +254,7 @@ def test_the_real_labs_carry_their_tests():
     assert {"00_bf16_rounding", "01_formats_encoder"} <= set(labs)
     assert labs["00_bf16_rounding"].questions == ["q1", "q2"]
     assert labs["01_formats_encoder"].questions == ["q1", "q2", "q3", "q4"]
-    assert all("solutions/" in lab.source for lab in labs.values())
+    assert all(lab.source.startswith((f"labs/{name}.ipynb", f"solutions/{name}.ipynb")) for name, lab in labs.items())
 
 
 def test_bad_arguments_are_named(tmp_path, capsys):

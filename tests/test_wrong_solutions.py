@@ -9,7 +9,9 @@ must score less than full marks (kill rate 100%).  Whether each is caught *with 
 is the business of the lab's own test file, which asserts on the message.
 
 A wrong solution is the value the question's test takes as its one argument (the student's
-function); for a test with several arguments it is a dict ``{argument name: value}``.
+function); for a test with several arguments it is a tuple in the order the test takes them, or a
+dict ``{argument name: value}``; anything else (one wrong part of a several-part answer) is judged by
+the lab's own ``CHECKS[question]``, which must reject it.
 """
 
 import contextlib
@@ -126,15 +128,25 @@ def test_a_missing_set_fails(tmp_path):
 def test_each_wrong_solution_loses_points(lab, question, name):
     test_file = ExceptionTestFile.from_string(lab_questions(lab)[question], path=question)
     wrong = load_check_tests(check_tests_path(lab)).WRONG_SOLUTIONS[question][name]
+    arguments = [a for a in test_file.test_cases[0].body._get_func_params() if a != "env"]
     if isinstance(wrong, dict):
         env = wrong
+    elif isinstance(wrong, tuple) and len(wrong) == len(arguments) > 1:
+        env = dict(zip(arguments, wrong, strict=True))  # in the order the question's test takes them
+    elif len(arguments) == 1:
+        env = {arguments[0]: wrong}
     else:
-        arguments = {a for case in test_file.test_cases for a in case.body._get_func_params()} - {"env"}
-        assert len(arguments) == 1, (
-            f"{question}'s test takes {sorted(arguments)}: give WRONG_SOLUTIONS[{question!r}][{name!r}] as a dict "
-            f"{{argument name: value}}"
+        # A wrong part of a multi-part answer (one of the functions a question's test takes): the lab's
+        # own CHECKS[question] knows how to judge it alone.
+        checks = getattr(load_check_tests(check_tests_path(lab)), "CHECKS", {})
+        assert question in checks, (
+            f"{question}'s test takes {arguments}: give WRONG_SOLUTIONS[{question!r}][{name!r}] as a tuple in that "
+            f"order, or a dict {{argument name: value}}, or define CHECKS[{question!r}] that judges it"
         )
-        env = {arguments.pop(): wrong}
+        with pytest.raises(AssertionError) as info, contextlib.redirect_stdout(io.StringIO()):
+            checks[question](wrong)
+        assert type(info.value).__name__ != "ExerciseNotDone", f"{name!r} is read as 'not done yet', not as wrong"
+        return
     with contextlib.redirect_stdout(io.StringIO()):
         test_file.run(env)
     assert test_file.possible > 0, f"{question} is worth no points"
