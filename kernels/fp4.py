@@ -275,7 +275,9 @@ def e8m0_from_amax(amax: torch.Tensor, emax: int = E2M1_EMAX) -> torch.Tensor:
 def tensor_scale_reference(amax: torch.Tensor) -> torch.Tensor:
     """NVFP4's tensor scale for a tensor amax: ``max(amax / 2688, 2^-126)``, 1 for amax 0."""
     amax = amax.float()
-    ts = torch.clamp(amax / TENSOR_SCALE_DIVISOR, min=MIN_TENSOR_SCALE)
+    # A tensor divisor: on CUDA, PyTorch divides by a Python number by multiplying with its
+    # reciprocal, which is not correctly rounded.
+    ts = torch.clamp(amax / torch.full_like(amax, TENSOR_SCALE_DIVISOR), min=MIN_TENSOR_SCALE)
     return torch.where(amax == 0, torch.ones_like(ts), ts)
 
 

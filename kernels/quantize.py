@@ -165,7 +165,9 @@ def scale_from_amax(amax: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
     ``S = max(amax / FP8_MAX, 2^-126)``, and ``S = 1`` where amax is 0."""
     fmt = _check_fmt(fmt)
     amax = amax.float()
-    s = torch.clamp(amax / FP8_MAX[fmt], min=MIN_SCALE)
+    # A tensor divisor, not a Python number: on CUDA, PyTorch divides by a scalar by multiplying with
+    # its reciprocal, which is not correctly rounded (amax / 448 comes out one ulp off now and then).
+    s = torch.clamp(amax / torch.full_like(amax, FP8_MAX[fmt]), min=MIN_SCALE)
     return torch.where(amax == 0, torch.ones_like(s), s)
 
 
