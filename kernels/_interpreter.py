@@ -23,6 +23,9 @@ without kernels having to avoid them.  What "correct" means was measured, not as
   computed exactly in float64 and rounded once, which is what an fp32 accumulator approximates.
   fp8 dots on Hopper accumulate with fewer bits than fp32 by default, so the GPU can differ from this
   by ~1e-3 of sum|a||b|; the test states the bound it measured.
+* Reductions and scans (``tl.sum``, ``tl.max``, ``tl.cumsum``...) of bf16 and fp8 compare and add
+  values, not bit patterns; sums are taken in fp32 and rounded once, where the GPU rounds at each
+  step of its tree, so such a sum can differ in its last bit.
 """
 
 import warnings
@@ -221,6 +224,52 @@ _PATCHES = {
 }
 
 
+_BIT_STORED = ("bf16", "fp8e4nv", "fp8e5")  # formats the interpreter keeps as raw bit patterns
+
+
+def _reduce_sum(self, input):
+    # numpy would add the bit patterns as integers.  Sum the values in fp32 and round once: compiled
+    # Triton rounds at every step of its reduction tree instead, so the last bits can differ; sum
+    # in fp32 (``tl.sum(x.to(tl.float32))``) for a result that is the same on both.
+    name = _name(input.dtype)
+    if name not in _BIT_STORED:
+        return _ORIGINAL_OPS["sum"](self, input)
+    total = np.sum(_decode(input.handle.data, name).astype(np.float32), axis=self.axis, keepdims=self.keep_dims)
+    return self.to_tensor(_encode(total, name), input.dtype)
+
+
+def _reduce_min_max(self, input, val_reduce_op, idx_reduce_op=None):
+    # Compare values, not bit patterns (a negative bf16 pattern is a large unsigned integer).
+    value = input[0] if isinstance(input, tuple) else input
+    name = _name(value.dtype)
+    if name not in _BIT_STORED:
+        return _ORIGINAL_OPS["min_max"](self, input, val_reduce_op, idx_reduce_op)
+    decoded = self.to_tensor(_decode(value.handle.data, name), tl.float64)
+    out = _ORIGINAL_OPS["min_max"](self, decoded, val_reduce_op, idx_reduce_op)
+    if val_reduce_op is None:
+        return out
+    val = out[0] if isinstance(out, tuple) else out
+    val = self.to_tensor(_encode(val.handle.data, name), value.dtype)  # one of the inputs: exact
+    return (val, out[1]) if isinstance(out, tuple) else val
+
+
+def _scan_cumsum(self, input):
+    name = _name(input.dtype)
+    if name not in _BIT_STORED:
+        return _ORIGINAL_OPS["cumsum"](self, input)
+    total = np.cumsum(_decode(input.handle.data, name).astype(np.float32), axis=self.axis)
+    return [self.to_tensor(_encode(total, name), dtype=input.dtype)]
+
+
+# Reductions and scans are not builder hooks: Triton's interpreter runs them in these classes.
+_OP_PATCHES = {
+    (_interp.ReduceOps, "sum"): _reduce_sum,
+    (_interp.ReduceOps, "min_max"): _reduce_min_max,
+    (_interp.ScanOps, "cumsum"): _scan_cumsum,
+}
+_ORIGINAL_OPS = {}
+
+
 def installed() -> bool:
     return bool(_ORIGINAL)
 
@@ -245,6 +294,9 @@ def install() -> None:
     for name, fn in _PATCHES.items():
         _ORIGINAL[name] = getattr(builder, name)
         setattr(builder, name, fn)
+    for (cls, name), fn in _OP_PATCHES.items():
+        _ORIGINAL_OPS[name] = getattr(cls, name)
+        setattr(cls, name, fn)
 
 
 def uninstall() -> None:
@@ -253,3 +305,6 @@ def uninstall() -> None:
     for name, fn in _ORIGINAL.items():
         setattr(builder, name, fn)
     _ORIGINAL.clear()
+    for (cls, name), _fn in _OP_PATCHES.items():
+        if name in _ORIGINAL_OPS:
+            setattr(cls, name, _ORIGINAL_OPS.pop(name))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 import kernels
 from kernels import _interpreter
@@ -137,3 +138,44 @@ def test_upstream_interpreter_still_needs_the_correction(table):
         f"Triton {triton.__version__}'s interpreter now rounds "
         "fp32 -> bf16 and fp32 -> fp8 like Hopper: drop the correction in kernels/_interpreter.py"
     )
+
+
+@triton.jit
+def _reductions_kernel(x_ptr, out_ptr, idx_ptr, scan_ptr, N: tl.constexpr):
+    x = tl.load(x_ptr + tl.arange(0, N))
+    tl.store(out_ptr, tl.sum(x, axis=0))
+    tl.store(out_ptr + 1, tl.max(x, axis=0))
+    tl.store(out_ptr + 2, tl.min(x, axis=0))
+    tl.store(idx_ptr, tl.argmax(x, axis=0))
+    tl.store(idx_ptr + 1, tl.argmin(x, axis=0))
+    tl.store(scan_ptr + tl.arange(0, N), tl.cumsum(x, axis=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_reductions_act_on_values_not_bit_patterns(dtype):
+    # Negative bf16 patterns are large unsigned integers: max, argmax and sums of the patterns
+    # would all be wrong.  Values chosen so that every partial sum is exact in bf16.
+    dev = "cpu" if kernels.INTERPRETER else "cuda"
+    x = torch.tensor([-3.0, -1.0, 2.5, -7.0, 0.5, 1.0, 2.0, 0.25], dtype=dtype, device=dev)
+    out = torch.zeros(3, dtype=dtype, device=dev)
+    idx = torch.zeros(2, dtype=torch.int32, device=dev)
+    scan = torch.zeros(8, dtype=dtype, device=dev)
+    _reductions_kernel[(1,)](x, out, idx, scan, N=8)
+    assert out.float().tolist() == [-4.75, 2.5, -7.0]
+    assert idx.tolist() == [2, 3]
+    assert torch.equal(scan.float(), x.float().cumsum(0))
+
+
+def test_bf16_sum_is_rounded_once_from_fp32():
+    dev = "cpu" if kernels.INTERPRETER else "cuda"
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(256, generator=g) * 0.2 + 1.0).to(torch.bfloat16).to(dev)
+    out = torch.zeros(3, dtype=torch.bfloat16, device=dev)
+    idx = torch.zeros(2, dtype=torch.int32, device=dev)
+    scan = torch.zeros(256, dtype=torch.bfloat16, device=dev)
+    _reductions_kernel[(1,)](x, out, idx, scan, N=256)
+    exact = x.double().sum().item()
+    # One bf16 rounding of the fp32 sum here; the GPU rounds at each step of its tree: a few ulps.
+    ulps = 1 if kernels.INTERPRETER else 8
+    assert abs(out[0].item() - exact) <= ulps * 2.0 ** (int(np.floor(np.log2(exact))) - 7)
+    assert out[1].item() == x.max().item() and out[2].item() == x.min().item()
