@@ -45,10 +45,13 @@ Statuses (one per submission, the most serious; ``flags`` lists all):
 ``ok``              every cell ran (the score may still be partial)
 ==================  ========================================================================
 
-Isolation.  With unprivileged user namespaces (``unshare -rmn``, tried at start-up), the process runs
-in its own network namespace (no interface but a down loopback: no network at all) and mount
-namespace, where the repository is mounted read-only and the solutions, tests, submission folders
-and output folder are covered by empty file systems: the guarantee is the kernel's.  In every case
+Isolation.  With user namespaces (``unshare -rmn``, tried at start-up; some distributions restrict
+them for unprivileged users, and the start-up line says which case holds), the process runs in its
+own network namespace (no interface but a down loopback: no network at all) and mount namespace,
+where the repository is mounted read-only and the solutions, the test suite (its data files
+excepted), the submission folders and the output folder are covered by empty file systems; a nested
+namespace then locks those mounts, so the process cannot unmount or remount them either: the
+guarantee is the kernel's.  In every case
 an audit hook (PEP 578) in the child refuses and reports opening those paths, writing anywhere but
 its folder, starting processes and opening sockets.  Without namespaces that hook is the only
 barrier, and audit hooks are not a security boundary against code written to evade them (ctypes,
@@ -733,6 +736,16 @@ def _mount_hidden(root: Path, hidden: list, workdir: Path):
             mount(b"tmpfs", str(p).encode(), b"tmpfs", MS_RDONLY, b"size=4k,mode=0555")
         elif p.is_file():
             mount(b"/dev/null", str(p).encode(), None, MS_BIND, None)
+    # Lock those mounts: in a user and mount namespace nested inside this one, mounts made here can be
+    # neither unmounted nor remounted writable (the kernel's "locked mounts"), not even by this process.
+    CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"unshare (locking the mounts): {os.strerror(errno)}")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
 
 
 def _child(spec: dict) -> int:
