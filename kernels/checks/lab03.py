@@ -366,8 +366,12 @@ def check_fp8_promotion(fn) -> None:
                         f"exact, fp32 between) by up to {accumulate.matmul_error(out, ar, br):.2e} of sum|ab|: is K "
                         f"padded with zeros (or masked) to a multiple of the chunk?"
                     )
-            elif err > 2.0**-8:
-                lines.append(f"{question}: promote_every={pe}, random K=300: error {err:.2e} of sum|ab| (> 2^-8)")
+            else:
+                # Unpromoted, Hopper's FP8 accumulator alone costs ~4e-3 of sum|ab| at K = 300 (measured
+                # on an H200); a K masked or padded wrongly costs O(1).
+                limit, shown = (2.0**-8, "2^-8") if pe else (2.0**-6, "2^-6")
+                if err > limit:
+                    lines.append(f"{question}: promote_every={pe}, K=300: error {err:.2e} of sum|ab| (> {shown})")
     if lines:
         raise AssertionError("\n".join(lines))
     print(
