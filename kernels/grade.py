@@ -312,7 +312,8 @@ class Limits:
 
 
 def _child_env(workdir: Path) -> dict:
-    keep = ("PATH", "LANG", "LC_ALL", "SYSTEMROOT")
+    # PYTHONPATH: where the grading installation keeps its packages (the grader's own, not a secret).
+    keep = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "SYSTEMROOT")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update(
         # Always Triton's CPU interpreter (corrected to Hopper's bits): the checks are device-independent,

@@ -55,8 +55,12 @@ def _run_unscale(fn, grads, inv_scale, found_start=0.0):
     found_ref = torch.full((), found_start, device=_device())
     inv = torch.tensor(inv_scale, dtype=torch.float32, device=_device())
     call_student(lambda: fn(ours, found, inv) or True, name="unscale_", question="q1")
-    torch._amp_foreach_non_finite_check_and_unscale_(ref, found_ref, inv)
-    return ours, ref, float(found), float(found_ref)
+    # torch's CUDA kernel refuses bf16 gradients; its CPU kernel takes all three dtypes and gives the
+    # same bits (one fp32 multiply, rounded once), so the reference always runs on the CPU.
+    ref_cpu, found_cpu = [t.cpu() for t in ref], found_ref.cpu()
+    torch._amp_foreach_non_finite_check_and_unscale_(ref_cpu, found_cpu, inv.cpu())
+    ref = [t.to(_device()) for t in ref_cpu]
+    return ours, ref, float(found), float(found_cpu)
 
 
 def _unscale_value_smells(before, got, want, inv_scale) -> list:
