@@ -508,6 +508,8 @@ def scaled_mm(a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.b
     if a.device.type != "cuda":
         raise ValueError("scaled_mm needs CUDA tensors: torch._scaled_mm runs cuBLASLt")
     a, b, a_scale, b_scale, m, n, k = _check_args(a, b, a_scale, b_scale, scaling, out_dtype)
+    if m % 16 or n % 16 or k % 16:
+        raise ValueError(f"torch._scaled_mm needs dimensions that are multiples of 16, got M, N, K = {m}, {n}, {k}")
     sa = a_scale.reshape(()) if scaling == "tensor" else a_scale.reshape(m, 1)
     sb = b_scale.reshape(()) if scaling == "tensor" else b_scale.reshape(1, n)
     return torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=use_fast_accum)
