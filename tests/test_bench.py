@@ -65,6 +65,32 @@ def test_registry_rejects_duplicates():
 BASELINES = {
     "bf16_cast": {"torch .to(torch.bfloat16)", "device copy"},
     "fp8_encode": {"triton x.to(tl.float8e4nv)", "device copy"},
+    "scaling_per_tensor": {"device copy"},
+    "scaling_rowwise": {"device copy"},
+    "scaling_1x128": {"device copy"},
+    "scaling_128x128": {"device copy"},
+    "scaling_mxfp8": {"device copy"},
+    "hazards_stochastic_round": {
+        "triton x.to(e4m3fn) (round to nearest)",
+        "triton x.to(bf16) (round to nearest)",
+        "device copy",
+    },
+    "hazards_fp8_promotion": {
+        "same kernel, no promotion",
+        "torch._scaled_mm use_fast_accum=False",
+        "torch._scaled_mm use_fast_accum=True",
+    },
+    "amp_unscale": {"torch._amp_foreach_non_finite_check_and_unscale_", "device copy"},
+    "amp_rmsnorm_fwd": {"torch rms_norm", "device copy"},
+    "amp_rmsnorm_bwd": {"torch rms_norm backward", "device copy"},
+    "fp8_gemm_tensorwise": {"torch._scaled_mm tensorwise", "torch.matmul bf16"},
+    "fp8_gemm_rowwise": {"torch._scaled_mm rowwise", "torch.matmul bf16"},
+    "fp8_gemm_blockwise": {"torch._scaled_mm tensorwise", "torch.matmul bf16"},
+    "fp8_linear": {"nn.Linear bf16"},
+    "fp4_w4a16_gemm": {"torch.matmul bf16", "dequantize + torch.matmul"},
+    "fp4_quantize": {"device copy"},
+    "fp4_quantize_given_scale": {"device copy"},
+    "fp4_quantize_mxfp4": {"device copy"},
 }
 
 

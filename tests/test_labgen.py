@@ -116,13 +116,13 @@ def test_lab0_prompts_replace_the_solutions():
 
 
 def _grade(notebook: Path, lab: Path, tmp_path: Path):
-    """otter's grading of ``notebook`` with the tests stored in ``lab``; returns (earned, possible)."""
+    """The batch grader's score of ``notebook`` as lab ``lab``; returns (earned, possible)."""
     from kernels import grade
 
-    workdir = tmp_path / f"grade-{notebook.parent.name}"
-    score = grade.grade_one(notebook, grade.lab_tests(lab), workdir)
-    assert not score.error, score.error
-    return score.earned, score.possible
+    out = tmp_path / f"grades-{notebook.parent.name}"
+    (result,) = grade.grade([notebook], out, lab=lab.stem, progress=False)
+    assert result["status"] == "ok", f"{notebook.name}: status {result['status']}: {result.get('detail', '')}"
+    return result["total"], result["possible"]
 
 
 @pytest.mark.parametrize("master", SOLUTIONS, ids=lambda p: p.name)
