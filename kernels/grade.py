@@ -642,12 +642,16 @@ def install_bounds_check(report=None):
     """Make the Triton interpreter refuse loads and stores outside the launch's tensor arguments.
 
     The interpreter copies each tensor argument's storage to the host before a launch; only those
-    bytes are legal.  ``report(message)`` is called before the error is raised.
+    bytes are legal.  A launch that takes an int64 tensor is not checked: such a tensor may be a table
+    of addresses (a multi-tensor kernel reaches tensors that are not its arguments), whose targets
+    this check cannot know.  ``report(message)`` is called before the error is raised.
     """
     import numpy as np
+    import torch
     from triton.runtime import interpreter as interp
 
     ranges = []  # (start, end) byte ranges of the current launch's storages
+    pointer_table = [False]  # the current launch takes an int64 tensor: not checked
     executor = interp.GridExecutor
     original_init = executor._init_args_hst
     if getattr(original_init, "_bounds_checked", False):
@@ -656,12 +660,14 @@ def install_bounds_check(report=None):
     def _init_args_hst(self, args_dev, kwargs):
         args_hst, kwargs_hst = original_init(self, args_dev, kwargs)
         ranges.clear()
+        pointer_table[0] = False
 
         def collect(arg):
             if isinstance(arg, tuple):
                 for a in arg:
                     collect(a)
             elif hasattr(arg, "untyped_storage"):
+                pointer_table[0] |= getattr(arg, "dtype", None) is torch.int64
                 storage = arg.untyped_storage()
                 ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
             elif hasattr(arg, "base") and hasattr(arg.base, "untyped_storage"):
@@ -676,7 +682,7 @@ def install_bounds_check(report=None):
     def check(ptrs, mask, what):
         addresses = np.asarray(ptrs.data, dtype=np.uint64).ravel()
         active = np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data)).ravel()
-        if not active.any():
+        if pointer_table[0] or not active.any():
             return
         size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
         inside = np.zeros(addresses.shape, dtype=bool)

@@ -91,7 +91,8 @@ def test_every_bad_kind_is_explained(graded):
         "network access",
     ]:
         assert what in detail["mallory"], what
-    assert detail["oscar"].startswith("out-of-bounds tl.load: 991 of 1024 active lanes address memory outside")
+    # how many lanes miss every argument depends on where the allocator put the tensors
+    assert re.match(r"out-of-bounds tl\.load: \d+ of 1024 active lanes address memory outside", detail["oscar"])
     assert "mask=offs < n" in detail["oscar"]
 
 
