@@ -209,6 +209,33 @@ def adversarial_inputs(shape, dtype=torch.float32, seed: int = 0, device="cpu") 
     return {k: v.reshape(shape).to(dtype).to(device) for k, v in cases.items()}
 
 
+def special_inputs(shape, dtype=torch.float32, seed: int = 0, device="cpu") -> dict:
+    """Named inputs for kernels that must also handle what a format cannot hold: random (spread over
+    several binades), zeros, negative zeros, all-equal, one outlier, NaN and +-inf scattered through,
+    ``dtype``'s subnormals and values near its largest finite."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(np.prod(shape))
+    randn = torch.randn(n, generator=g) * 3
+    outlier = randn.clone()
+    outlier[n // 2] = 1e4
+    special = randn.clone()
+    special[:: max(n // 5, 1)] = float("nan")
+    special[1 :: max(n // 4, 1)] = float("inf")
+    special[2 :: max(n // 3, 1)] = -float("inf")
+    info = torch.finfo(dtype)
+    cases = {
+        "random": randn,
+        "zeros": torch.zeros(n),
+        "negative zeros": -torch.zeros(n),
+        "all-equal": torch.full((n,), -0.75),
+        "one outlier": outlier,
+        "nan/inf": special,
+        "subnormals": randn * info.tiny * 2.0**-3,
+        "huge": randn.clamp(-3, 3) * (info.max / 4),
+    }
+    return {k: v.reshape(shape).to(dtype).to(device) for k, v in cases.items()}
+
+
 def check_kernel(
     fn,
     ref,

@@ -15,32 +15,13 @@ import kernels
 from kernels import formats, stochastic
 from kernels import fp4 as F
 from kernels.quantize import e8m0_to_float
-from kernels.testing import assert_bits_equal, compare
+from kernels.testing import assert_bits_equal, compare, special_inputs
 
 DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
 
 
 def _cases(shape, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    n = math.prod(shape)
-    randn = torch.randn(n, generator=g) * 3
-    outlier = randn.clone()
-    outlier[n // 2] = 1e4
-    special = randn.clone()
-    special[:: max(n // 5, 1)] = float("nan")
-    special[1 :: max(n // 4, 1)] = float("inf")
-    tiny = torch.finfo(dtype).tiny
-    cases = {
-        "random": randn,
-        "zeros": torch.zeros(n),
-        "all-equal": torch.full((n,), -0.75),
-        "one outlier": outlier,
-        "nan/inf": special,
-        "subnormals": randn * tiny * 2.0**-3,
-        "huge": randn.clamp(-3, 3) * (torch.finfo(dtype).max / 4),
-        "negative zeros": -torch.zeros(n),
-    }
-    return {k: v.reshape(shape).to(dtype).to(DEVICE) for k, v in cases.items()}
+    return special_inputs(shape, dtype, seed, DEVICE)
 
 
 def _same_fp4(got: F.FP4Tensor, want: F.FP4Tensor, name: str):

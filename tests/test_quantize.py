@@ -9,33 +9,14 @@ import torch
 
 import kernels  # noqa: F401  (selects the interpreter on CPU)
 from kernels import quantize as Q
-from kernels.testing import assert_bits_equal
+from kernels.testing import assert_bits_equal, special_inputs
 
 DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
 ROW_KINDS = ("row", "1x128", "mxfp8")
 
 
 def _adversarial(shape, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    n = math.prod(shape)
-    randn = torch.randn(n, generator=g) * 3
-    outlier = randn.clone()
-    outlier[n // 2] = 1e4
-    special = randn.clone()
-    special[:: max(n // 5, 1)] = float("nan")
-    special[1 :: max(n // 4, 1)] = float("inf")
-    special[2 :: max(n // 3, 1)] = -float("inf")
-    tiny = torch.finfo(dtype).tiny
-    cases = {
-        "random": randn,
-        "zeros": torch.zeros(n),
-        "all-equal": torch.full((n,), -0.75),
-        "one outlier": outlier,
-        "nan/inf": special,
-        "subnormals": randn * tiny * 2.0**-3,
-        "huge": randn.clamp(-3, 3) * (torch.finfo(dtype).max / 4),
-    }
-    return {k: v.reshape(shape).to(dtype).to(DEVICE) for k, v in cases.items()}
+    return special_inputs(shape, dtype, seed, DEVICE)
 
 
 def _same(got, want, name, x=None):

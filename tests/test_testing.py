@@ -118,3 +118,15 @@ def test_first_mismatches_shows_inputs_in_hex():
         np.array([0x3F808000], dtype=np.uint32), np.array([0x3F81], np.uint16), np.array([0x3F80], np.uint16), [0]
     )
     assert "input 0x3f808000: got 0x3f81, want 0x3f80" in msg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_special_inputs_hold_what_their_names_say(dtype):
+    cases = testing.special_inputs((7, 33), dtype)
+    assert all(x.shape == (7, 33) and x.dtype == dtype for x in cases.values())
+    specials = cases["nan/inf"].float()
+    assert specials.isnan().any() and (specials == float("inf")).any() and (specials == -float("inf")).any()
+    sub = cases["subnormals"].float().abs()
+    assert ((sub > 0) & (sub < torch.finfo(dtype).tiny)).any(), "no subnormal of the dtype"
+    assert torch.signbit(cases["negative zeros"]).all() and (cases["negative zeros"] == 0).all()
+    assert cases["huge"].float().abs().max() > torch.finfo(dtype).max / 8
