@@ -44,13 +44,16 @@ def call_student(fn, *args, name: str, question: str):
         OutOfBounds = ()  # noqa: N806 - nothing to catch: compiled kernels are not bounds-checked
     try:
         out = fn(*args)
-    except OutOfBounds as e:
-        raise AssertionError(f"{question}: {name}: {e}") from e
     except NotImplementedError as e:
         raise ExerciseNotDone(f"{question}: {name} raised NotImplementedError: exercise not done yet") from e
     except AssertionError:
         raise
     except Exception as e:  # a student's bug of any kind; shown with its type, the traceback chained
+        cause = e
+        while cause is not None and not isinstance(cause, OutOfBounds):  # the interpreter wraps it
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise AssertionError(f"{question}: {name}: {cause}") from e
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise AssertionError(f"{question}: {name} raised {type(e).__name__}: {first}") from e
     if out is None:
