@@ -124,10 +124,7 @@ def test_feedback_names_hidden_tests_without_revealing_them(graded):
     assert "* hidden test `q2 - 2`: passed" in (feedback / "alice.md").read_text()
     grace = (feedback / "grace.md").read_text()
     assert "stopped after 25 s of CPU time" in grace and "not scored" in grace
-    assert (
-        "q2: fp32_to_bf16 (your kernel's launcher) raised InterpreterError: OutOfBounds('out-of-bounds tl.load"
-        in (feedback / "oscar.md").read_text()
-    )
+    assert "q2: fp32_to_bf16 (your kernel's launcher): out-of-bounds tl.load" in (feedback / "oscar.md").read_text()
 
 
 def test_a_rerun_grades_nothing_twice_and_force_regrades(graded, monkeypatch):
