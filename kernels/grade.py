@@ -708,13 +708,13 @@ def install_bounds_check(report=None):
     builder = interp.InterpreterBuilder
     load, store = builder.create_masked_load, builder.create_masked_store
 
-    def create_masked_load(self, ptrs, mask, other, *args):
+    def create_masked_load(self, ptrs, mask, other, *args, **kwargs):
         check(ptrs, mask, "tl.load")
-        return load(self, ptrs, mask, other, *args)
+        return load(self, ptrs, mask, other, *args, **kwargs)
 
-    def create_masked_store(self, ptrs, value, mask, *args):
+    def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
         check(ptrs, mask, "tl.store")
-        return store(self, ptrs, value, mask, *args)
+        return store(self, ptrs, value, mask, *args, **kwargs)
 
     executor._init_args_hst = _init_args_hst
     builder.create_masked_load = create_masked_load
