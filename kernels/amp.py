@@ -47,8 +47,11 @@ import kernels
 
 # -- tuning constants ---------------------------------------------------------------------------------
 
-UNSCALE_BLOCK = 4096  # elements per loop iteration of one program
-UNSCALE_CHUNK = 65536  # elements per program (a multiple of UNSCALE_BLOCK): one table row
+# Small programs, many of them: 4096 elements each (one table row), in four steps of 1024.  Measured on
+# an H200 over ~200 fp32 gradients (1 GiB): 0.96 of copy bandwidth, against 0.75 with 65536-element
+# programs stepping 4096 at a time (a sweep over block, chunk and warp counts).
+UNSCALE_BLOCK = 1024  # elements per loop iteration of one program
+UNSCALE_CHUNK = 4096  # elements per program (a multiple of UNSCALE_BLOCK): one table row
 UNSCALE_WARPS = 8
 TABLE_CACHE_SIZE = 16  # block tables kept per process
 
@@ -218,7 +221,7 @@ def foreach_non_finite_check_and_unscale_(grads, found_inf: torch.Tensor, inv_sc
     _check_device(found_inf, "found_inf")
     table = _block_table(spans, chunk, found_inf.device)
     aligned = all(address % 16 == 0 for address, _, _ in spans)
-    block = min(UNSCALE_BLOCK, chunk)
+    block = min(UNSCALE_BLOCK, triton.next_power_of_2(chunk))
     _unscale_kernel[(table.shape[0],)](
         table, found_inf, inv_scale, ALIGNED=aligned, BLOCK=block, num_warps=UNSCALE_WARPS
     )

@@ -335,15 +335,17 @@ _fp8_gemm_persistent_tuned = triton.autotune(configs=PERSISTENT_CONFIGS, key=["M
     _fp8_gemm_persistent_kernel
 )
 
-_ALLOCATOR_SET = False
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
 def _tma_allocator() -> None:
-    """Device-side TMA descriptors live in a global scratch buffer that Triton asks the host for."""
-    global _ALLOCATOR_SET
-    if not _ALLOCATOR_SET and not kernels.INTERPRETER:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
-        _ALLOCATOR_SET = True
+    """Device-side TMA descriptors live in a global scratch buffer that Triton asks the host for.
+
+    Set before every launch, not once: Triton keeps the allocator per thread (a context variable), and
+    autograd runs a layer's backward on a thread of its own."""
+    if not kernels.INTERPRETER:
+        triton.set_allocator(_scratch)
 
 
 def tma_ok(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
