@@ -68,10 +68,19 @@ CONFIGS = [
         (128, 256, 3, 8), (128, 256, 4, 8), (256, 128, 3, 8), (256, 128, 4, 8), (128, 128, 4, 8), (128, 128, 5, 4),
     )
 ]
-PERSISTENT_CONFIGS = CONFIGS
+# The persistent kernel may also store its (BM, BN) result as two (BM, BN / 2) halves
+# (EPILOGUE_SUBTILE): the staging buffer for the TMA store halves, which leaves room in shared memory
+# for a fourth pipeline stage of 128x256 tiles (4 x 48 KB + 32 KB < 227 KB).
+PERSISTENT_CONFIGS = [
+    triton.Config({**c.kwargs, "EPILOGUE_SUBTILE": sub}, num_stages=c.num_stages, num_warps=c.num_warps)
+    for c in CONFIGS
+    for sub in (False, True)
+    if not (sub and c.kwargs["BLOCK_N"] < 256)
+]
 V1_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 1}
 # CPU mode: no autotuning (the interpreter would run every config), small tiles, K-steps of 128.
 CPU_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 4}
+CPU_PERSISTENT_CONFIG = {**CPU_CONFIG, "EPILOGUE_SUBTILE": True}  # the interpreter runs both halves' stores
 CPU_PROGRAMS = 4  # "SMs" of the persistent kernel in CPU mode
 
 
@@ -179,11 +188,21 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _block_scales(as_ptr, bs_ptr, offs_m, offs_n, kb, M, N, n_kb):
-    """The (BM, BN) product of 1x128 activation scales and 128x128 weight scales of K-block ``kb``."""
-    sa = tl.load(as_ptr + offs_m.to(tl.int64) * n_kb + kb, mask=offs_m < M, other=0.0)  # (BM,)
-    sb = tl.load(bs_ptr + (offs_n // 128).to(tl.int64) * n_kb + kb, mask=offs_n < N, other=0.0)  # (BN,)
-    return sa[:, None] * sb[None, :]
+def _block_scales(ast_ptr, bs_ptr, offs_m, off_n, kb, M, N, n_kb, BLOCK_N: tl.constexpr):
+    """The scale of K-block ``kb``'s partial product: 1x128 activation scales times 128x128 weight scales.
+
+    ``ast_ptr`` holds the activation scales *K-major*, ``(cdiv(K, 128), M)``, so each K-block's BM
+    scales are one contiguous load (row-major ``(M, cdiv(K, 128))`` would make it BM separate ones).  A
+    tile at most 128 wide lies inside one weight block: its weight scale is a single number and the
+    factor is a ``(BM, 1)`` column, one multiplication per row instead of one per output."""
+    sa = tl.load(ast_ptr + kb * M + offs_m, mask=offs_m < M, other=0.0)  # (BM,)
+    if BLOCK_N <= 128:
+        factor = (sa * tl.load(bs_ptr + (off_n // 128) * n_kb + kb))[:, None]  # (BM, 1)
+    else:
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        sb = tl.load(bs_ptr + (offs_n // 128) * n_kb + kb, mask=offs_n < N, other=0.0)  # (BN,)
+        factor = sa[:, None] * sb[None, :]  # (BM, BN)
+    return factor
 
 
 @triton.jit
@@ -273,7 +292,7 @@ def _fp8_gemm_kernel(
         if SCALING == 2:
             # Promotion: this K-block's product from a fresh accumulator, scaled, added in fp32.
             part = _mma(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
-            acc += part * _block_scales(as_ptr, bs_ptr, offs_m, offs_n, kb, M, N, n_kb)
+            acc += part * _block_scales(as_ptr, bs_ptr, offs_m, pid_n * BLOCK_N, kb, M, N, n_kb, BLOCK_N)
         else:
             acc = _mma(a, b, acc, UPCAST)
         a_ptrs += BLOCK_K
@@ -294,12 +313,14 @@ def _fp8_gemm_persistent_kernel(
     a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, K,
     SCALING: tl.constexpr, UPCAST: tl.constexpr, NUM_SMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
 ):  # fmt: skip
     # TMA descriptors: the copy engine fetches whole (BM, BK) / (BN, BK) tiles, zero-padding outside
     # the matrix, and stores the (BM, BN) result clipped to it.
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
-    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+    C_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N  # columns per TMA store
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, C_N])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     n_kb = tl.cdiv(K, BLOCK_K)
@@ -319,8 +340,7 @@ def _fp8_gemm_persistent_kernel(
             if SCALING == 2:
                 part = _mma(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
                 offs_m = off_m + tl.arange(0, BLOCK_M)
-                offs_n = off_n + tl.arange(0, BLOCK_N)
-                acc += part * _block_scales(as_ptr, bs_ptr, offs_m, offs_n, kb, M, N, n_kb)
+                acc += part * _block_scales(as_ptr, bs_ptr, offs_m, off_n, kb, M, N, n_kb, BLOCK_N)
             else:
                 acc = _mma(a, b, acc, UPCAST)
         tile_id_c += NUM_SMS
@@ -328,7 +348,13 @@ def _fp8_gemm_persistent_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _epilogue_scale(acc, as_ptr, bs_ptr, offs_m, offs_n, M, N, SCALING)
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+        c = acc.to(c_ptr.dtype.element_ty)
+        if EPILOGUE_SUBTILE:  # columns [0, BN/2) and [BN/2, BN) as two stores
+            c0, c1 = tl.split(tl.permute(tl.reshape(c, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c0)
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], c1)
+        else:
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c)
 
 
 _fp8_gemm_persistent_tuned = triton.autotune(configs=PERSISTENT_CONFIGS, key=["M", "N", "K", "SCALING", "UPCAST"])(
@@ -385,6 +411,8 @@ def fp8_gemm(
         return c
     if k == 0:
         return c.zero_()
+    if scaling == "block":  # K-major activation scales: one contiguous vector per K-block (see _block_scales)
+        a_scale = a_scale.t().contiguous()
     args = (a, b, c, a_scale, b_scale, m, n, k)
     meta = {"SCALING": SCALINGS[scaling], "UPCAST": _upcast()}
     if kernel == "persistent" and tma_ok(a, b, c) and _has_tma(a.device):
@@ -396,7 +424,7 @@ def fp8_gemm(
             return (min(sms, triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])),)
 
         if kernels.INTERPRETER:
-            _fp8_gemm_persistent_kernel[grid(CPU_CONFIG)](*args, **meta, **CPU_CONFIG)
+            _fp8_gemm_persistent_kernel[grid(CPU_CONFIG)](*args, **meta, **CPU_PERSISTENT_CONFIG)
         else:
             _fp8_gemm_persistent_tuned[grid](*args, **meta)
         return c

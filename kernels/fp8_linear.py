@@ -14,8 +14,9 @@ wgrad      dW (out, in)    dY^T  (out, T)  e5m2   X^T   (in, T)    e4m3  T
 The HYBRID recipe: activations and weights in E4M3 (precision), gradients in E5M2 (range).  Every
 operand is quantized along its GEMM's K dimension, so the transposed operands (``W^T``, ``dY^T``,
 ``X^T``) are quantized again *from the wide (bf16/fp32) original*, never made by transposing FP8
-codes: with per-row or per-block scales, transposed codes would carry scales that vary along K.  (With
-one scale per tensor the bits would agree, and the amax is reused: the transpose has the same one.)
+codes: with per-row or per-block scales, transposed codes would carry scales that vary along K.  With
+one scale per tensor the two agree bit for bit (same S, same elements), so that recipe keeps the
+forward's 1-byte codes and transposes them: a third of the bytes a bf16 transpose plus a cast pass moves.
 
 Scaling (:class:`FP8Recipe`): ``granularity`` "tensor" (default), "row" (one scale per row of each
 operand) or "block" (1x128 for A operands, 128x128 for B operands, with fp32 promotion).  With
@@ -128,31 +129,39 @@ class FP8LinearFunction(torch.autograd.Function):
         y = _gemm(qx, qw, g, _out_dtype(x.dtype))  # (T, out)
         if bias is not None:
             y = (y.float() + bias.float()).to(y.dtype)
-        # The wide originals are kept: the backward quantizes X^T and W^T along their own K.  With
-        # per-tensor scales the forward's S is reused for the transposes (same amax).
-        sx = qx.s if g == "tensor" else None
-        sw = qw.s if g == "tensor" else None
-        ctx.save_for_backward(x2, weight, sx, sw)
+        if g == "tensor":
+            # One S per tensor: X^T's and W^T's codes are the forward's codes transposed, exactly what
+            # quantizing the wide transposes with the same S gives.  Keep the codes (1 byte each).
+            ctx.save_for_backward(qx.q, qw.q, qx.s, qw.s)
+        else:
+            # Scales along rows or blocks: the backward quantizes X^T and W^T again along their own K.
+            ctx.save_for_backward(x2, weight, None, None)
         ctx.recipe, ctx.states, ctx.shape, ctx.has_bias = recipe, states, shape, bias is not None
+        ctx.dtypes = (x.dtype, weight.dtype)
         return y.reshape(*shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        x2, weight, sx, sw = ctx.saved_tensors
+        x_saved, w_saved, sx, sw = ctx.saved_tensors
         r, g = ctx.recipe, ctx.recipe.granularity
+        x_dtype, w_dtype = ctx.dtypes
         st = ctx.states or {}
         dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()  # (T, out)
         dx = dw = db = None
-        # One gradient quantization for dgrad; its per-tensor S is reused for dY^T in wgrad.
         qdy = quantize_operand(dy2, "a", r.grad_fmt, g, state=st.get("dy"))
-        sdy = qdy.s if g == "tensor" else None
+
+        def transposed(wide, codes, scale, role, fmt):
+            if g == "tensor":  # the codes (saved by forward, or qdy's) transposed: same S, same bits
+                return Q.Quantized(codes.t().contiguous(), scale)
+            return quantize_operand(wide.t().contiguous(), role, fmt, g)  # requantized along its own K
+
         if ctx.needs_input_grad[0]:
-            qwt = quantize_operand(weight.t().contiguous(), "b", r.fwd_fmt, g, scale=sw)  # W^T (in, out)
-            dx = _gemm(qdy, qwt, g, _out_dtype(x2.dtype)).reshape(ctx.shape)  # (T, in)
+            qwt = transposed(w_saved, w_saved, sw, "b", r.fwd_fmt)  # W^T (in, out)
+            dx = _gemm(qdy, qwt, g, _out_dtype(x_dtype)).reshape(ctx.shape)  # (T, in)
         if ctx.needs_input_grad[1]:
-            qdyt = quantize_operand(dy2.t().contiguous(), "a", r.grad_fmt, g, scale=sdy)  # dY^T (out, T)
-            qxt = quantize_operand(x2.t().contiguous(), "b", r.fwd_fmt, g, scale=sx)  # X^T (in, T)
-            dw = _gemm(qdyt, qxt, g, _out_dtype(weight.dtype))  # (out, in)
+            qdyt = transposed(dy2, qdy.q, qdy.s, "a", r.grad_fmt)  # dY^T (out, T)
+            qxt = transposed(x_saved, x_saved, sx, "b", r.fwd_fmt)  # X^T (in, T)
+            dw = _gemm(qdyt, qxt, g, _out_dtype(w_dtype))  # (out, in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0)  # fp32: a bf16 sum over thousands of tokens loses ~3 digits
         return dx, dw, db, None, None

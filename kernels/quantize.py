@@ -61,15 +61,18 @@ BLOCK_128X128 = 128
 MX_BLOCK = 32
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-# Launch sizes: every program moves ~16 KB of bf16 input with contiguous, 16-byte-vectorizable rows.
+# Launch sizes, measured on an H200 (bf16 16384x8192 and 32768x16384).  Every program moves 8192 or
+# more elements with contiguous, 16-byte-vectorizable rows; the row-group kinds take whole groups along
+# a row (as many rows as it takes to fill the program when K is short).
 TENSOR_BLOCK, TENSOR_WARPS = 8192, 8  # per-tensor passes: elements per program
 FINALIZE_BLOCK = 1024  # the amax of the per-program partial maxima, in one program
 ROW_MAX_ONE_PASS = 16384  # rows up to this many elements stay in registers: one read
-ROW_BLOCK_ELEMS, ROW_WARPS = 8192, 8  # rows per program = ROW_BLOCK_ELEMS // next_pow2(K)
-G128_ROWS, G128_GROUPS, G128_WARPS = 16, 4, 8  # 1x128: 16 rows x 512 columns per program
-B128_WARPS = 8  # 128x128: one block (16384 elements) per program
-MX_ROWS, MX_GROUPS, MX_WARPS = 32, 8, 8  # MXFP8: 32 rows x 256 columns per program
+ROW_BLOCK_ELEMS, ROW_WARPS = 8192, 4  # rows per program = max(1, ROW_BLOCK_ELEMS // next_pow2(K))
+G128_GROUPS, G128_WARPS = 64, 8  # 1x128: 64 groups (8192 elements) per program
+B128_WARPS = 4  # 128x128: one block (16384 elements) per program
+MX_GROUPS, MX_WARPS = 256, 4  # MXFP8: 256 blocks of 32 (8192 elements) per program
 DEQUANT_BM, DEQUANT_BK, DEQUANT_WARPS = 32, 256, 8
+INT32_LIMIT = 2**31  # below this many elements, offsets are computed in int32 (fewer instructions)
 
 
 class Quantized(NamedTuple):
@@ -134,15 +137,44 @@ def _e8m0_scale(amax, EMAX: tl.constexpr, ROUND_UP: tl.constexpr):
 
 
 @triton.jit
-def _encode(x, inv, FP8_MAX: tl.constexpr, E5M2: tl.constexpr):
-    """fp32 x times 1/S -> fp8 codes as uint8: clamp to +-FP8_MAX, RNE cast, non-finite -> 0x7F."""
-    q = x * inv
-    q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+def _nan_if_not_finite(x):
+    """fp32 x with every inf turned into NaN, in one fused multiply-add and no comparison: ``x * 0`` is
+    +-0 for a finite x (and adding x back is exact, signed zeros included) and NaN for inf or NaN.
+
+    Everything downstream then needs no special case: Triton's ``tl.max`` drops a NaN operand (the
+    hardware max returns the other one), so NaNs take no part in amax, and the fp32 -> fp8 conversion
+    turns a NaN into the NaN code 0x7F in both formats."""
+    return x * 0.0 + x
+
+
+@triton.jit
+def _amax(xn, axis):
+    """max |x| over ``axis`` of :func:`_nan_if_not_finite` values: the NaNs are skipped, and a group
+    with nothing finite has amax 0."""
+    amax = tl.max(tl.abs(xn), axis=axis)
+    return tl.where(amax == amax, amax, 0.0)
+
+
+@triton.jit
+def _to_fp8(q, E5M2: tl.constexpr):
     if E5M2:
-        c = q.to(tl.float8e5).to(tl.uint8, bitcast=True)
-    else:
-        c = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    return tl.where(tl.abs(x) < float("inf"), c, 0x7F).to(tl.uint8)
+        return q.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    return q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def _encode_own_scale(xn, inv, E5M2: tl.constexpr):
+    """Codes of x (inf already NaN) with 1/S from *this group's own* amax: |x / S| is at most
+    FP8_MAX * (1 + 3 ulp), which round-to-nearest-even takes to FP8_MAX itself, so no clamp is needed."""
+    return _to_fp8(xn * inv, E5M2)
+
+
+@triton.jit
+def _encode(xn, inv, FP8_MAX: tl.constexpr, E5M2: tl.constexpr):
+    """Codes of x (inf already NaN) with a scale that need not cover it (MX's floor rule, a delayed
+    scale): clamp to +-FP8_MAX first, keeping NaN a NaN, then the RNE cast."""
+    q = tl.clamp(xn * inv, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    return _to_fp8(q, E5M2)
 
 
 @triton.jit
@@ -241,7 +273,7 @@ def _amax_partial_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-    tl.store(partial_ptr + pid, tl.max(_finite_abs(x), axis=0))
+    tl.store(partial_ptr + pid, _amax(_nan_if_not_finite(x), 0))
 
 
 @triton.jit
@@ -265,8 +297,8 @@ def _scale_cast_kernel(x_ptr, inv_ptr, q_ptr, n, FP8_MAX: tl.constexpr, E5M2: tl
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    inv = tl.load(inv_ptr)
-    tl.store(q_ptr + offs, _encode(x, inv, FP8_MAX, E5M2), mask=mask)
+    inv = tl.load(inv_ptr)  # from this tensor's amax, or a given (delayed) scale: clamp
+    tl.store(q_ptr + offs, _encode(_nan_if_not_finite(x), inv, FP8_MAX, E5M2), mask=mask)
 
 
 def _tensor_amax_and_scale(x: torch.Tensor, fmt: str):
@@ -358,6 +390,8 @@ def _row_groups_kernel(
     MX: tl.constexpr,  # E8M0 power-of-two scales instead of fp32 ones
     EMAX: tl.constexpr,
     ROUND_UP: tl.constexpr,
+    EVEN: tl.constexpr,  # every program's tile lies inside the matrix: no masks
+    I64: tl.constexpr,  # offsets past 2^31 elements: int64 arithmetic
 ):
     pid_m = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -366,17 +400,30 @@ def _row_groups_kernel(
     # A 3-D tile (BM, NG, G): each group's G elements are contiguous (16-byte vector loads), and the
     # group reduction is a reduction over the last axis, with no reshape.
     cols = groups[None, :, None] * G + tl.arange(0, G)[None, None, :]  # (1, NG, G)
-    offs = rows.to(tl.int64)[:, None, None] * K + cols  # (BM, NG, G)
-    mask = (rows[:, None, None] < M) & (cols < K)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(_finite_abs(x), axis=2)  # (BM, NG)
+    if I64:
+        offs = rows.to(tl.int64)[:, None, None] * K + cols  # (BM, NG, G)
+    else:
+        offs = rows[:, None, None] * K + cols
+    s_offs = rows[:, None] * n_groups + groups[None, :]  # (BM, NG)
+    if EVEN:
+        x = tl.load(x_ptr + offs)
+    else:
+        mask = (rows[:, None, None] < M) & (cols < K)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    xn = _nan_if_not_finite(x.to(tl.float32))
+    amax = _amax(xn, 2)  # (BM, NG)
     if MX:
         s, inv = _e8m0_scale(amax, EMAX, ROUND_UP)
+        c = _encode(xn, inv[:, :, None], FP8_MAX, E5M2)  # the floor rule can leave values above FP8_MAX
     else:
         s, inv = _fp32_scale(amax, FP8_MAX)
-    tl.store(q_ptr + offs, _encode(x, inv[:, :, None], FP8_MAX, E5M2), mask=mask)
-    s_offs = rows.to(tl.int64)[:, None] * n_groups + groups[None, :]  # (BM, NG)
-    tl.store(s_ptr + s_offs, s, mask=(rows[:, None] < M) & (groups[None, :] < n_groups))
+        c = _encode_own_scale(xn, inv[:, :, None], E5M2)
+    if EVEN:
+        tl.store(q_ptr + offs, c)
+        tl.store(s_ptr + s_offs, s)
+    else:
+        tl.store(q_ptr + offs, c, mask=mask)
+        tl.store(s_ptr + s_offs, s, mask=(rows[:, None] < M) & (groups[None, :] < n_groups))
 
 
 @triton.jit
@@ -389,22 +436,28 @@ def _row_two_pass_kernel(
     for start in range(0, K, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * K + cols, mask=cols < K, other=0.0).to(tl.float32)
-        acc = tl.maximum(acc, _finite_abs(x))
-    s, inv = _fp32_scale(tl.max(acc, axis=0), FP8_MAX)
+        acc = tl.maximum(acc, tl.abs(_nan_if_not_finite(x)))  # tl.maximum, like tl.max, drops NaNs
+    s, inv = _fp32_scale(_amax(acc, 0), FP8_MAX)
     for start in range(0, K, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * K + cols, mask=cols < K, other=0.0).to(tl.float32)
-        tl.store(q_ptr + row * K + cols, _encode(x, inv, FP8_MAX, E5M2), mask=cols < K)
+        tl.store(q_ptr + row * K + cols, _encode_own_scale(_nan_if_not_finite(x), inv, E5M2), mask=cols < K)
     tl.store(s_ptr + row, s)
 
 
-def _launch_row_groups(x2, q, s, group, bm, ng, warps, fmt, mx=False, round_up=False):
+def _launch_row_groups(x2, q, s, group, per_program, warps, fmt, mx=False, round_up=False):
+    """Launch :func:`_row_groups_kernel` with ``per_program`` groups in each program: as many along
+    the row as the row has (up to ``per_program``), the rest as further rows."""
     m, k = x2.shape
     n_groups = triton.cdiv(k, group)
+    ng = min(per_program, triton.next_power_of_2(n_groups))
+    bm = max(1, per_program // ng)
+    even = m % bm == 0 and n_groups % ng == 0 and k % group == 0
     grid = (triton.cdiv(m, bm), triton.cdiv(n_groups, ng))
     _row_groups_kernel[grid](
         x2, q.view(torch.uint8), s, m, k, n_groups, G=group, BM=bm, NG=ng, FP8_MAX=FP8_MAX[fmt],
-        E5M2=fmt == "e5m2", MX=mx, EMAX=EMAX_ELEM[fmt], ROUND_UP=round_up, num_warps=warps,
+        E5M2=fmt == "e5m2", MX=mx, EMAX=EMAX_ELEM[fmt], ROUND_UP=round_up, EVEN=even,
+        I64=x2.numel() >= INT32_LIMIT, num_warps=warps,
     )  # fmt: skip
 
 
@@ -423,8 +476,7 @@ def quantize_rowwise(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
         return Quantized(q, s)
     if k <= ROW_MAX_ONE_PASS:
         width = triton.next_power_of_2(max(k, 1))
-        bm = max(1, ROW_BLOCK_ELEMS // width)
-        _launch_row_groups(x2, q, s, width, bm, 1, ROW_WARPS, fmt)
+        _launch_row_groups(x2, q, s, width, max(1, ROW_BLOCK_ELEMS // width), ROW_WARPS, fmt)
     else:
         _row_two_pass_kernel[(m,)](
             x2, q.view(torch.uint8), s, k, FP8_MAX=FP8_MAX[fmt], E5M2=fmt == "e5m2", BLOCK=ROW_BLOCK_ELEMS,
@@ -452,7 +504,7 @@ def quantize_1x128(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
     q = torch.empty(x.shape, dtype=FP8_FORMATS[fmt], device=x.device)
     s = torch.empty((*x.shape[:-1], triton.cdiv(k, GROUP_1X128)), dtype=torch.float32, device=x.device)
     if q.numel():
-        _launch_row_groups(x2, q, s, GROUP_1X128, G128_ROWS, G128_GROUPS, G128_WARPS, fmt)
+        _launch_row_groups(x2, q, s, GROUP_1X128, G128_GROUPS, G128_WARPS, fmt)
     return Quantized(q, s)
 
 
@@ -485,7 +537,7 @@ def quantize_mxfp8(x: torch.Tensor, fmt: str = "e4m3", rounding: str = "floor") 
     q = torch.empty(x.shape, dtype=FP8_FORMATS[fmt], device=x.device)
     s = torch.empty((*x.shape[:-1], triton.cdiv(k, MX_BLOCK)), dtype=torch.uint8, device=x.device)
     if q.numel():
-        _launch_row_groups(x2, q, s, MX_BLOCK, MX_ROWS, MX_GROUPS, MX_WARPS, fmt, mx=True, round_up=round_up)
+        _launch_row_groups(x2, q, s, MX_BLOCK, MX_GROUPS, MX_WARPS, fmt, mx=True, round_up=round_up)
     return Quantized(q, s)
 
 
@@ -504,17 +556,30 @@ def quantize_mxfp8_reference(x: torch.Tensor, fmt: str = "e4m3", rounding: str =
 
 
 @triton.jit
-def _block_kernel(x_ptr, q_ptr, s_ptr, M, K, n_bk, B: tl.constexpr, FP8_MAX: tl.constexpr, E5M2: tl.constexpr):
+def _block_kernel(
+    x_ptr, q_ptr, s_ptr, M, K, n_bk, B: tl.constexpr, FP8_MAX: tl.constexpr, E5M2: tl.constexpr,
+    EVEN: tl.constexpr, I64: tl.constexpr,
+):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m * B + tl.arange(0, B)
     cols = pid_k * B + tl.arange(0, B)
-    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]  # (B, B)
-    mask = (rows[:, None] < M) & (cols[None, :] < K)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.max(_finite_abs(x), axis=1), axis=0)
-    s, inv = _fp32_scale(amax, FP8_MAX)
-    tl.store(q_ptr + offs, _encode(x, inv, FP8_MAX, E5M2), mask=mask)
+    if I64:
+        offs = rows.to(tl.int64)[:, None] * K + cols[None, :]  # (B, B)
+    else:
+        offs = rows[:, None] * K + cols[None, :]
+    if EVEN:
+        x = tl.load(x_ptr + offs)
+    else:
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    xn = _nan_if_not_finite(x.to(tl.float32))
+    s, inv = _fp32_scale(_amax(tl.max(tl.abs(xn), axis=1), 0), FP8_MAX)
+    c = _encode_own_scale(xn, inv, E5M2)
+    if EVEN:
+        tl.store(q_ptr + offs, c)
+    else:
+        tl.store(q_ptr + offs, c, mask=mask)
     tl.store(s_ptr + pid_m * n_bk + pid_k, s)
 
 
@@ -534,6 +599,7 @@ def quantize_128x128(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
     if q.numel():
         _block_kernel[(n_bm, n_bk)](
             x, q.view(torch.uint8), s, m, k, n_bk, B=BLOCK_128X128, FP8_MAX=FP8_MAX[fmt], E5M2=fmt == "e5m2",
+            EVEN=m % BLOCK_128X128 == 0 and k % BLOCK_128X128 == 0, I64=x.numel() >= INT32_LIMIT,
             num_warps=B128_WARPS,
         )  # fmt: skip
     return Quantized(q, s)

@@ -91,6 +91,26 @@ def test_transposed_operands_are_requantized():
     assert err <= L.BF16_TOLERANCE["dw"] < wrong_err
 
 
+def test_per_tensor_transposed_codes_equal_requantized_transposes():
+    """One scale per tensor: the backward's shortcut (the forward's codes transposed) is bit for bit the
+    requantized wide transpose with the same S, and the layer's gradients are those of requantizing."""
+    x, w, dy = _data()
+    x[3, 5], w[7, 1] = 40.0, -0.003  # values that saturate nothing but use the ends of the range
+    for t, fmt in ((x, "e4m3"), (w, "e4m3"), (dy, "e5m2")):
+        q = Q.quantize_tensor(t, fmt)
+        requantized = Q.quantize_tensor_with_scale(t.t().contiguous(), q.s, fmt)
+        assert torch.equal(q.q.t().contiguous().view(torch.uint8), requantized.view(torch.uint8))
+    _, dx, dw = _run(lambda x, w, b: L.fp8_linear(x, w), x, w, dy)
+    qx, qw, qdy = Q.quantize_tensor(x), Q.quantize_tensor(w), Q.quantize_tensor(dy, "e5m2")
+
+    def requant(t, q, fmt):
+        return Q.quantize_tensor_with_scale(t.t().contiguous(), q.s, fmt)
+
+    want_dx = G.fp8_gemm(qdy.q, requant(w, qw, "e4m3"), qdy.s, qw.s)
+    want_dw = G.fp8_gemm(requant(dy, qdy, "e5m2"), requant(x, qx, "e4m3"), qdy.s, qx.s)
+    assert torch.equal(dx, want_dx.to(dx.dtype)) and torch.equal(dw, want_dw.to(dw.dtype))
+
+
 def test_delayed_scaling_history_and_state_dict():
     recipe = L.FP8Recipe(scaling="delayed", history_len=4)
     layer = L.FP8Linear(64, 32, device=DEVICE, recipe=recipe)
