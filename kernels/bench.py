@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -55,6 +56,20 @@ def _environment() -> dict:
     return {**gpu_environment(), "commit": commit or "unknown"}
 
 
+def warm_up(seconds: float = 2.0) -> None:
+    """Keep the GPU busy with copies for ``seconds`` before the first measurement: an idle GPU runs at
+    low clocks and takes a while to reach full speed, which would count against the first benchmark."""
+    src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            dst.copy_(src)
+        torch.cuda.synchronize()
+    del src, dst
+    torch.cuda.empty_cache()
+
+
 def merge(path: Path, records: list) -> list:
     """Merge ``records`` into the JSON list at ``path``: a new record replaces the one with the same
     (bench, shape, baseline_name); everything else already there is kept."""
@@ -87,6 +102,7 @@ def main(argv=None) -> int:
         print("kernels.bench: needs a CUDA GPU (speed is not measured in CPU mode)", file=sys.stderr)
         return 2
     env = _environment()
+    warm_up()
     records = []
     for name in args.names or sorted(REGISTRY):
         for rec in REGISTRY[name]():

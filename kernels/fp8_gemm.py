@@ -70,12 +70,12 @@ CONFIGS = [
 ]
 # The persistent kernel may also store its (BM, BN) result as two (BM, BN / 2) halves
 # (EPILOGUE_SUBTILE): the staging buffer for the TMA store halves, which leaves room in shared memory
-# for a fourth pipeline stage of 128x256 tiles (4 x 48 KB + 32 KB < 227 KB).
+# for a fourth pipeline stage of 128x256 or 256x128 tiles (4 x 48 KB + 32 KB < 227 KB).
 PERSISTENT_CONFIGS = [
     triton.Config({**c.kwargs, "EPILOGUE_SUBTILE": sub}, num_stages=c.num_stages, num_warps=c.num_warps)
     for c in CONFIGS
     for sub in (False, True)
-    if not (sub and c.kwargs["BLOCK_N"] < 256)
+    if not (sub and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] < 128 * 256)
 ]
 V1_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 1}
 # CPU mode: no autotuning (the interpreter would run every config), small tiles, K-steps of 128.
@@ -84,11 +84,12 @@ CPU_PERSISTENT_CONFIG = {**CPU_CONFIG, "EPILOGUE_SUBTILE": True}  # the interpre
 CPU_PROGRAMS = 4  # "SMs" of the persistent kernel in CPU mode
 
 
-def _upcast() -> bool:
-    """True where FP8 tiles are widened to bf16 before ``tl.dot`` (no FP8 tensor cores, or CPU mode)."""
-    from kernels.device import capabilities
-
-    return capabilities().fp8 != "native"
+def _upcast(device=None) -> bool:
+    """True where FP8 tiles are widened to bf16 before ``tl.dot`` (no FP8 tensor cores, or CPU mode):
+    below sm_89, the rule of :func:`kernels.device.capabilities`."""
+    if kernels.INTERPRETER:
+        return True
+    return _device_facts(None if device is None else device.index)[0] < (8, 9)
 
 
 def fp8_path() -> str:
@@ -382,13 +383,26 @@ def tma_ok(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
 
 def _has_tma(device) -> bool:
     """TMA (the copy engine behind tensor descriptors) exists from Hopper (sm_90) on; the interpreter models it."""
-    return kernels.INTERPRETER or torch.cuda.get_device_capability(device)[0] >= 9
+    return kernels.INTERPRETER or _device_facts(device.index)[0] >= (9, 0)
 
 
 def _num_sms(device) -> int:
     if kernels.INTERPRETER:
         return CPU_PROGRAMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _device_facts(device.index)[1]
+
+
+def _device_facts(index) -> tuple:
+    """((major, minor) compute capability, number of SMs) of a CUDA device: every GEMM launch needs them,
+    so they are asked of the driver once per device."""
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _DEVICE_FACTS:
+        props = torch.cuda.get_device_properties(index)
+        _DEVICE_FACTS[index] = ((props.major, props.minor), props.multi_processor_count)
+    return _DEVICE_FACTS[index]
+
+
+_DEVICE_FACTS = {}
 
 
 def fp8_gemm(
@@ -414,7 +428,7 @@ def fp8_gemm(
     if scaling == "block":  # K-major activation scales: one contiguous vector per K-block (see _block_scales)
         a_scale = a_scale.t().contiguous()
     args = (a, b, c, a_scale, b_scale, m, n, k)
-    meta = {"SCALING": SCALINGS[scaling], "UPCAST": _upcast()}
+    meta = {"SCALING": SCALINGS[scaling], "UPCAST": _upcast(a.device)}
     if kernel == "persistent" and tma_ok(a, b, c) and _has_tma(a.device):
         _tma_allocator()
         sms = _num_sms(a.device)
