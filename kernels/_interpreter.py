@@ -264,11 +264,20 @@ def _scan_cumsum(self, input):
     return [self.to_tensor(_encode(total, name), dtype=input.dtype)]
 
 
-# Reductions and scans are not builder hooks: Triton's interpreter runs them in these classes.
+def _launch_quietly(self, *args, **kwargs):
+    # A compiled kernel computes inf * 0 or 1 / 0 without a word; numpy warns about each (in CPU mode
+    # that would be stderr output the GPU never prints).  Kernels run with numpy's warnings off.
+    with np.errstate(all="ignore"):
+        return _ORIGINAL_OPS["__call__"](self, *args, **kwargs)
+
+
+# Reductions and scans are not builder hooks: Triton's interpreter runs them in these classes; the
+# grid executor runs a whole launch.
 _OP_PATCHES = {
     (_interp.ReduceOps, "sum"): _reduce_sum,
     (_interp.ReduceOps, "min_max"): _reduce_min_max,
     (_interp.ScanOps, "cumsum"): _scan_cumsum,
+    (_interp.GridExecutor, "__call__"): _launch_quietly,
 }
 _ORIGINAL_OPS = {}
 
