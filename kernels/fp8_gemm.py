@@ -65,7 +65,12 @@ KERNELS = ("persistent", "grouped")
 CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 8}, num_stages=s, num_warps=w)
     for bm, bn, s, w in (
-        (128, 256, 3, 8), (128, 256, 4, 8), (256, 128, 3, 8), (256, 128, 4, 8), (128, 128, 4, 8), (128, 128, 5, 4),
+        (128, 256, 3, 8),
+        (128, 256, 4, 8),
+        (256, 128, 3, 8),
+        (256, 128, 4, 8),
+        (128, 128, 4, 8),
+        (128, 128, 5, 4),
     )
 ]
 # The persistent kernel may also store its (BM, BN) result as two (BM, BN / 2) halves
@@ -361,6 +366,7 @@ def _fp8_gemm_persistent_kernel(
 _fp8_gemm_persistent_tuned = triton.autotune(configs=PERSISTENT_CONFIGS, key=["M", "N", "K", "SCALING", "UPCAST"])(
     _fp8_gemm_persistent_kernel
 )
+
 
 def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, device="cuda", dtype=torch.int8)

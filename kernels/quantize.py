@@ -24,8 +24,11 @@ Policies
 * All-zero group (amax = 0): ``S = 1`` (E8M0 byte 127); nothing divides by zero.
 * NaN and +-inf do not take part in amax: the scale is set by the finite values of the group.  A
   non-finite input encodes to the NaN code 0x7F in both e4m3fn and e5m2 (e4m3fn has no inf; one rule
-  for both formats), and dequantizes to NaN.  A finite input never becomes non-finite: it saturates
-  to +-FP8_MAX (clamped explicitly before the cast; the cast's own overflow rule is never relied on).
+  for both formats), and dequantizes to NaN.  A finite input never becomes non-finite.  With a scale
+  from its own group's amax, ``|x / S|`` exceeds FP8_MAX by at most rounding, which the
+  round-to-nearest-even cast takes back to FP8_MAX; where the scale need not cover the values (MX's
+  floor rule, a given or delayed scale) they are clamped to +-FP8_MAX before the cast.  The cast's own
+  overflow rule is never relied on.
 * Shapes that are not multiples of a group are masked: the last group of a row (or the last block row)
   is partial and its scale comes from the elements present; scale tensors have ``cdiv`` extents.
 
