@@ -89,12 +89,11 @@ CPU_PERSISTENT_CONFIG = {**CPU_CONFIG, "EPILOGUE_SUBTILE": True}  # the interpre
 CPU_PROGRAMS = 4  # "SMs" of the persistent kernel in CPU mode
 
 
-def _upcast(device=None) -> bool:
-    """True where FP8 tiles are widened to bf16 before ``tl.dot`` (no FP8 tensor cores, or CPU mode):
-    below sm_89, the rule of :func:`kernels.device.capabilities`."""
-    if kernels.INTERPRETER:
-        return True
-    return _device_facts(None if device is None else device.index)[0] < (8, 9)
+def _upcast() -> bool:
+    """True where FP8 tiles are widened to bf16 before ``tl.dot`` (no FP8 tensor cores, or CPU mode)."""
+    from kernels.device import capabilities
+
+    return capabilities().fp8 != "native"
 
 
 def fp8_path() -> str:
@@ -389,26 +388,13 @@ def tma_ok(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
 
 def _has_tma(device) -> bool:
     """TMA (the copy engine behind tensor descriptors) exists from Hopper (sm_90) on; the interpreter models it."""
-    return kernels.INTERPRETER or _device_facts(device.index)[0] >= (9, 0)
+    return kernels.INTERPRETER or torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _num_sms(device) -> int:
     if kernels.INTERPRETER:
         return CPU_PROGRAMS
-    return _device_facts(device.index)[1]
-
-
-def _device_facts(index) -> tuple:
-    """((major, minor) compute capability, number of SMs) of a CUDA device: every GEMM launch needs them,
-    so they are asked of the driver once per device."""
-    index = torch.cuda.current_device() if index is None else index
-    if index not in _DEVICE_FACTS:
-        props = torch.cuda.get_device_properties(index)
-        _DEVICE_FACTS[index] = ((props.major, props.minor), props.multi_processor_count)
-    return _DEVICE_FACTS[index]
-
-
-_DEVICE_FACTS = {}
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def fp8_gemm(
@@ -434,7 +420,7 @@ def fp8_gemm(
     if scaling == "block":  # K-major activation scales: one contiguous vector per K-block (see _block_scales)
         a_scale = a_scale.t().contiguous()
     args = (a, b, c, a_scale, b_scale, m, n, k)
-    meta = {"SCALING": SCALINGS[scaling], "UPCAST": _upcast(a.device)}
+    meta = {"SCALING": SCALINGS[scaling], "UPCAST": _upcast()}
     if kernel == "persistent" and tma_ok(a, b, c) and _has_tma(a.device):
         _tma_allocator()
         sms = _num_sms(a.device)

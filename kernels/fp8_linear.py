@@ -150,17 +150,19 @@ class FP8LinearFunction(torch.autograd.Function):
         dx = dw = db = None
         qdy = quantize_operand(dy2, "a", r.grad_fmt, g, state=st.get("dy"))
 
-        def transposed(wide, codes, scale, role, fmt):
-            if g == "tensor":  # the codes (saved by forward, or qdy's) transposed: same S, same bits
-                return Q.Quantized(codes.t().contiguous(), scale)
-            return quantize_operand(wide.t().contiguous(), role, fmt, g)  # requantized along its own K
+        def transposed(t, scale, role, fmt):
+            """The operand t^T: with per-tensor scales t holds codes, transposed as they are (same S,
+            same bits); otherwise t is the wide tensor, quantized again along its own K."""
+            if g == "tensor":
+                return Q.Quantized(t.t().contiguous(), scale)
+            return quantize_operand(t.t().contiguous(), role, fmt, g)
 
         if ctx.needs_input_grad[0]:
-            qwt = transposed(w_saved, w_saved, sw, "b", r.fwd_fmt)  # W^T (in, out)
+            qwt = transposed(w_saved, sw, "b", r.fwd_fmt)  # W^T (in, out)
             dx = _gemm(qdy, qwt, g, _out_dtype(x_dtype)).reshape(ctx.shape)  # (T, in)
         if ctx.needs_input_grad[1]:
-            qdyt = transposed(dy2, qdy.q, qdy.s, "a", r.grad_fmt)  # dY^T (out, T)
-            qxt = transposed(x_saved, x_saved, sx, "b", r.fwd_fmt)  # X^T (in, T)
+            qdyt = transposed(qdy.q if g == "tensor" else dy2, qdy.s, "a", r.grad_fmt)  # dY^T (out, T)
+            qxt = transposed(x_saved, sx, "b", r.fwd_fmt)  # X^T (in, T)
             dw = _gemm(qdyt, qxt, g, _out_dtype(w_dtype))  # (out, in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0)  # fp32: a bf16 sum over thousands of tokens loses ~3 digits
