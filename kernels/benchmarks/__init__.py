@@ -71,6 +71,29 @@ def measure(bench: str, shape: str, metric: str, work: float, ours, baselines: d
     ]
 
 
+def graphed(fn, calls: int = 8):
+    """``fn`` called ``calls`` times, captured once in a CUDA graph; returns the replay.
+
+    For kernels of a few microseconds, timing back-to-back Python calls measures the host's launch path
+    rather than the GPU (a Triton launch costs tens of microseconds of Python); a decode step runs under a
+    graph for that reason.  Every contender of such a benchmark is graphed the same way and its work counted
+    ``calls`` times.  ``fn`` runs once first, outside the capture, so autotuning and compilation are done."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # a warm call on the capture stream, as torch's graph docs ask
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return graph.replay
+
+
 def copy_baseline(nbytes: int, device="cuda"):
     """A device-to-device copy that moves ``nbytes`` in all (half read, half written): the
     bandwidth ceiling for a kernel that moves the same bytes."""

@@ -6,7 +6,9 @@ W4A16 (``fp4_w4a16_gemm``): ``M`` in {1, 16}, ``N = K = 8192``, NVFP4 and MXFP4 
 ``torch.matmul`` (cuBLAS) with the same activations and a bf16 weight, and dequantize-then-matmul (the
 package's dequantizer to bf16, then ``torch.matmul``).  One FP4 weight is 36 MB (NVFP4) or 34 MB (MXFP4),
 less than the H200's 60 MB L2, so every contender cycles through ``WEIGHT_SETS`` weights per call
-sequence: each call reads its weight from HBM, as a decode step does.
+sequence: each call reads its weight from HBM, as a decode step does.  A call takes tens of microseconds,
+about what Python needs to launch a Triton kernel, so every contender is timed as the replay of a CUDA graph
+of ``GRAPH_CALLS`` calls (:func:`kernels.benchmarks.graphed`), as a decode step is run.
 
 Quantizers: bytes counted are every read of the bf16 input (NVFP4 with its tensor scale computed reads it
 twice: an amax pass, then the quantize pass), the packed codes (half a byte per element) and the scales
@@ -17,10 +19,11 @@ import itertools
 
 import torch
 
-from kernels.benchmarks import benchmark, copy_baseline, measure
+from kernels.benchmarks import benchmark, copy_baseline, graphed, measure
 
 GEMM_SHAPES = ((1, 8192, 8192), (16, 8192, 8192))
 WEIGHT_SETS = 4  # 4 x 36 MB of FP4 weights (4 x 128 MB of bf16): beyond L2
+GRAPH_CALLS = 2 * WEIGHT_SETS  # calls per graph replay: each weight set twice
 QUANT_SHAPE = (16384, 8192)  # 256 MiB of bf16
 
 
@@ -53,9 +56,12 @@ def _bench_w4a16():
                 "fp4_w4a16_gemm",
                 f"{m}x{n}x{k} {fmt}",
                 "TFLOP/s",
-                2 * m * n * k,
-                ours,
-                {"torch.matmul bf16": bf16, "dequantize + torch.matmul": deq},
+                2 * m * n * k * GRAPH_CALLS,
+                graphed(ours, GRAPH_CALLS),
+                {
+                    "torch.matmul bf16": graphed(bf16, GRAPH_CALLS),
+                    "dequantize + torch.matmul": graphed(deq, GRAPH_CALLS),
+                },
             )
             del wq
         del ws
