@@ -55,7 +55,7 @@ import triton.language as tl
 
 import kernels
 from kernels import quantize, stochastic
-from kernels.quantize import _e8m0_scale, _finite_abs
+from kernels.quantize import _e8m0_scale
 
 # -- formats and constants ------------------------------------------------------------------------
 
@@ -73,8 +73,11 @@ FP32_MAX = 3.4028234663852886e38
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 HADAMARD_BLOCKS = (16, 32, 128)
 
-# Launch sizes.  The quantizer moves ~16 KB of bf16 per program (32 rows x 256 columns).
-QUANT_ROWS, QUANT_COLS, QUANT_WARPS = 32, 256, 8
+# Launch sizes.  The quantizer runs one warp per program on tiles of 512 elements (2 rows of 256 columns
+# when the rows are that long), several tiles per program along the row, each loaded while the previous
+# one is quantized (measured on an H200: benchmarks/results, fp4_quantize*).
+QUANT_TILE_ELEMS, QUANT_COLS, QUANT_WARPS = 512, 256, 1
+QUANT_TILES = {NVFP4_BLOCK: 2, MXFP4_BLOCK: 8}
 DEQUANT_ROWS, DEQUANT_COLS, DEQUANT_WARPS = 32, 256, 8
 HADAMARD_ROWS, HADAMARD_WARPS = 64, 4
 # The W4A16 GEMM on the GPU autotunes over these (BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages);
@@ -149,14 +152,21 @@ def _check_seed(stochastic_rounding: bool, seed) -> int:
 
 
 @triton.jit
-def _e2m1_rne(mag):
-    """|v| (fp32, >= 0, NaN allowed) -> E2M1 magnitude code 0..7, nearest, ties to the even code,
-    saturating at 6.  Each comparison is one boundary between neighbours; >= where the upper code is
-    even, > where it is odd, so ties go to even codes."""
-    c = (mag > 0.25).to(tl.int32) + (mag >= 0.75).to(tl.int32) + (mag > 1.25).to(tl.int32)
-    c += (mag >= 1.75).to(tl.int32) + (mag > 2.5).to(tl.int32) + (mag >= 3.5).to(tl.int32)
-    c += (mag > 5.0).to(tl.int32)
-    return c
+def _e2m1_code(v):
+    """fp32 v (finite) -> E2M1 magnitude code 0..7 of |v|: nearest, ties to the even code, saturating
+    at 6, in six instructions and no comparison chain.
+
+    The grid step is 0.5 on [0, 2), 1 on [2, 4) and 2 on [4, 6]: half of 2^e for e = floor(log2(max(a, 1))).
+    Adding ``M = 2^(e + 22)`` to ``a`` puts the sum in the binade whose fp32 spacing is exactly that step,
+    so the fp32 addition itself rounds ``a`` to the E2M1 grid, once, to nearest even (an even multiple
+    of the step is an even code).  The sum's low bits then count steps, ``k``, and the code is
+    ``k + 2e``: the exponent field of M gives ``e`` without a branch.  :func:`e2m1_rne_reference`
+    counts boundaries instead; the tests hold the two to the same bits."""
+    a = tl.minimum(tl.abs(v), 6.0)
+    m = tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000  # 2^e, e in {0, 1, 2}
+    s = m.to(tl.float32, bitcast=True) * 4194304.0 + a  # M + a, rounded once (M * 2^22 is exact)
+    # bits(s) = bits(M) + k, bits(M) = m + (22 << 23), and 2e = (m >> 22) - 254
+    return s.to(tl.int32, bitcast=True) - m + (m >> 22) - ((22 << 23) + 254)
 
 
 @triton.jit
@@ -170,7 +180,7 @@ def _e2m1_stochastic(mag, r):
     frac = (mag - lo) * inv_step
     u = (r >> 8).to(tl.float32) * 5.9604644775390625e-08  # 24 random bits -> [0, 1), exactly
     v = tl.where(u < frac, lo + step, lo)
-    return _e2m1_rne(tl.minimum(v, 6.0))  # v is on the grid: the nearest code is v's own
+    return _e2m1_code(v)  # v is on the grid: the nearest code is v's own
 
 
 @triton.jit
@@ -234,7 +244,9 @@ def _tensor_scale(amax):
 
 
 def e2m1_rne_reference(mag: torch.Tensor) -> torch.Tensor:
-    """:func:`_e2m1_rne` in torch: magnitudes (fp32, >= 0) -> codes 0..7 (int32)."""
+    """E2M1 rounding by definition: magnitudes (fp32, >= 0) -> codes 0..7 (int32), by counting the
+    boundaries between neighbours that ``mag`` lies above (``>=`` where the upper code is even, ``>``
+    where it is odd, so ties go to even codes; everything above 5 is code 7, 6)."""
     bounds = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
     c = torch.zeros(mag.shape, dtype=torch.int32, device=mag.device)
     for b, inclusive in bounds:
@@ -309,8 +321,78 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _load_tile(x_ptr, poffs, mask, PAIRS: tl.constexpr, EVEN: tl.constexpr):
+    """A tile of element pairs (2i, 2i + 1), addressed by pair index: int32 words holding two bf16 if
+    PAIRS, else (..., 2) elements of any input dtype."""
+    if PAIRS:
+        if EVEN:
+            return tl.load(x_ptr + poffs)
+        return tl.load(x_ptr + poffs, mask=mask, other=0)
+    offs = poffs[:, :, :, None] * 2 + tl.arange(0, 2)[None, None, None, :]  # (ROWS, G, BS // 2, 2)
+    if EVEN:
+        return tl.load(x_ptr + offs)
+    return tl.load(x_ptr + offs, mask=mask[:, :, :, None], other=0.0)
+
+
+@triton.jit
+def _quantize_tile(
+    raw, q_ptr, s_ptr, rows, blocks, poffs, mask, ts, seed, M, K,
+    BS: tl.constexpr, NV: tl.constexpr, BLOCK_2D: tl.constexpr, STOCHASTIC: tl.constexpr, ROWS: tl.constexpr,
+    G: tl.constexpr, PAIRS: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    if PAIRS:  # a bf16 pair in one word: moving each half to the top of a word is its fp32 value
+        lo = (raw << 16).to(tl.float32, bitcast=True)
+        hi = (raw & -65536).to(tl.float32, bitcast=True)
+        signs = raw  # the signs of elements 2i and 2i + 1 are bits 15 and 31
+    else:
+        lo, hi = tl.split(raw.to(tl.float32))
+        signs = ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (hi.to(tl.int32, bitcast=True) & -65536)
+    # NaN-propagating max: a block's amax is NaN or inf exactly when the block holds a non-finite value
+    amax = tl.reduce(_max_nan(tl.abs(lo), tl.abs(hi)), 2, _max_nan)  # (ROWS, G)
+    if BLOCK_2D:
+        tile = tl.reduce(tl.reshape(amax, (ROWS // 16, 16, G)), 1, _max_nan)  # (ROWS // 16, G)
+        amax = tl.reshape(tl.broadcast_to(tile[:, None, :], (ROWS // 16, 16, G)), (ROWS, G))
+    bad = ~(amax < float("inf"))
+    amax = tl.where(bad, 0.0, amax)
+    if NV:
+        sb8 = tl.minimum(tl.math.div_rn(amax, 6.0 * ts), 448.0).to(tl.float8e4nv)
+        code_s = tl.where(bad, 0x7F, sb8.to(tl.uint8, bitcast=True).to(tl.int32))
+        denom = sb8.to(tl.float32) * ts
+        inv = tl.minimum(tl.math.div_rn(1.0, tl.where(denom > 0.0, denom, 1.0)), 3.4028234663852886e38)
+        inv = tl.where(denom > 0.0, inv, 0.0)  # a zero block scale: codes 0
+    else:
+        c8, inv = _e8m0_scale(amax, 2, False)
+        code_s = tl.where(bad, 0xFF, c8.to(tl.int32))
+    vlo = lo * inv[:, :, None]  # (ROWS, G, BS // 2)
+    vhi = hi * inv[:, :, None]
+    if STOCHASTIC:
+        i = poffs.to(tl.int32) * 2  # element index in the row-major tensor
+        clo = _e2m1_stochastic(tl.minimum(tl.abs(vlo), 6.0), tl.randint(seed, i).to(tl.uint32, bitcast=True))
+        chi = _e2m1_stochastic(tl.minimum(tl.abs(vhi), 6.0), tl.randint(seed, i + 1).to(tl.uint32, bitcast=True))
+    else:
+        clo = _e2m1_code(vlo)
+        chi = _e2m1_code(vhi)
+    # Element 2i's code in bits 0-2 and 2i + 1's in bits 16-18, each sign (-0.0 included) on top of its
+    # code; adding the word shifted down by 12 then lays the high nibble beside the low one.
+    nib = (clo + (chi << 16)) | ((signs >> 12) & 0x80008)
+    byte = tl.where(bad[:, :, None], 0, nib + (nib >> 12)).to(tl.uint8)
+    s_offs = rows[:, None] * (K // BS) + blocks[None, :]  # (ROWS, G)
+    if EVEN:
+        tl.store(q_ptr + poffs, byte)
+        tl.store(s_ptr + s_offs, code_s.to(tl.uint8))
+    else:
+        tl.store(q_ptr + poffs, byte, mask=mask)
+        tl.store(s_ptr + s_offs, code_s.to(tl.uint8), mask=(rows[:, None] < M) & (blocks[None, :] < K // BS))
+
+
+@triton.jit
 def _quantize_kernel(
-    x_ptr,
+    x_ptr,  # (M, K) input; int32 words of two bf16 when PAIRS
     q_ptr,  # (M, K // 2) uint8
     s_ptr,  # (M, K // BS) uint8: E4M3 or E8M0 bytes
     amax_ptr,  # NVFP4: the tensor amax (fp32), when TS_GIVEN is False
@@ -324,57 +406,59 @@ def _quantize_kernel(
     BLOCK_2D: tl.constexpr,  # one scale per 16x16 tile (NVFP4 weights)
     STOCHASTIC: tl.constexpr,
     ROWS: tl.constexpr,
-    COLS: tl.constexpr,
+    G: tl.constexpr,  # blocks per tile along the row
+    TILES: tl.constexpr,  # tiles per program, one after another along the row
+    PAIRS: tl.constexpr,  # bf16 input read as int32 words
+    EVEN: tl.constexpr,  # every tile lies inside the matrix: no masks
+    I64: tl.constexpr,  # offsets past 2^31 elements
 ):
     pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    G: tl.constexpr = COLS // BS
+    pid_g = tl.program_id(1)
+    W: tl.constexpr = BS // 2  # pairs per block
     rows = pid_m * ROWS + tl.arange(0, ROWS)
-    cols = pid_k * COLS + tl.arange(0, COLS)
-    mask = (rows[:, None] < M) & (cols[None, :] < K)
-    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]  # (ROWS, COLS)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    xg = tl.reshape(x, (ROWS, G, BS))
-    amax = tl.max(_finite_abs(xg), axis=2)  # (ROWS, G)
-    bad = tl.max((tl.abs(xg) == float("inf")).to(tl.int32) + (xg != xg).to(tl.int32), axis=2) > 0
-    if BLOCK_2D:
-        tile = tl.max(tl.reshape(amax, (ROWS // 16, 16, G)), axis=1)  # (ROWS // 16, G)
-        amax = tl.reshape(tl.broadcast_to(tile[:, None, :], (ROWS // 16, 16, G)), (ROWS, G))
-        bad_tile = tl.max(tl.reshape(bad.to(tl.int32), (ROWS // 16, 16, G)), axis=1)
-        bad = tl.reshape(tl.broadcast_to(bad_tile[:, None, :], (ROWS // 16, 16, G)), (ROWS, G)) > 0
+    blocks = pid_g * (G * TILES) + tl.arange(0, G)
+    pcols = blocks[None, :, None] * W + tl.arange(0, W)[None, None, :]  # (1, G, W): pair index in the row
+    if I64:
+        poffs = rows.to(tl.int64)[:, None, None] * (K // 2) + pcols  # (ROWS, G, W)
+    else:
+        poffs = rows[:, None, None] * (K // 2) + pcols
+    ts = 1.0
     if NV:
         if TS_GIVEN:
             ts = tl.load(ts_ptr)
         else:
             ts = _tensor_scale(tl.load(amax_ptr))
-            if (pid_m == 0) & (pid_k == 0):
+            if (pid_m == 0) & (pid_g == 0):
                 tl.store(ts_ptr, ts)
-        sb = tl.minimum(tl.math.div_rn(amax, 6.0 * ts), 448.0)
-        sb8 = sb.to(tl.float8e4nv)
-        code_s = tl.where(bad, 0x7F, sb8.to(tl.uint8, bitcast=True).to(tl.int32))
-        denom = sb8.to(tl.float32) * ts
-        inv = tl.minimum(tl.math.div_rn(1.0, tl.where(denom > 0.0, denom, 1.0)), 3.4028234663852886e38)
-        inv = tl.where(denom > 0.0, inv, 0.0)  # a zero block scale: codes 0
-    else:
-        c8, inv = _e8m0_scale(amax, 2, False)
-        code_s = tl.where(bad, 0xFF, c8.to(tl.int32))
-    v = xg * inv[:, :, None]  # (ROWS, G, BS)
-    mag = tl.minimum(tl.abs(v), 6.0)
-    if STOCHASTIC:
-        r = tl.randint(seed, tl.reshape(offs.to(tl.int32), (ROWS, G, BS))).to(tl.uint32, bitcast=True)
-        c = _e2m1_stochastic(mag, r)
-    else:
-        c = _e2m1_rne(mag)
-    c = c | ((xg.to(tl.uint32, bitcast=True) >> 31).to(tl.int32) << 3)  # the sign, -0.0 included
-    c = tl.where(bad[:, :, None] | (xg != xg) | (tl.abs(xg) == float("inf")), 0, c)
-    lo, hi = tl.split(tl.reshape(c, (ROWS, COLS // 2, 2)))  # elements 2i and 2i+1
-    byte = (lo | (hi << 4)).to(tl.uint8)
-    cols2 = pid_k * (COLS // 2) + tl.arange(0, COLS // 2)
-    q_offs = rows.to(tl.int64)[:, None] * (K // 2) + cols2[None, :]
-    tl.store(q_ptr + q_offs, byte, mask=(rows[:, None] < M) & (cols2[None, :] < K // 2))
-    gcols = pid_k * G + tl.arange(0, G)
-    s_offs = rows.to(tl.int64)[:, None] * (K // BS) + gcols[None, :]
-    tl.store(s_ptr + s_offs, code_s.to(tl.uint8), mask=(rows[:, None] < M) & (gcols[None, :] < K // BS))
+    rmask = rows[:, None, None] < M
+    raw = _load_tile(x_ptr, poffs, rmask & (pcols < K // 2), PAIRS, EVEN)
+    # Each tile's load is issued before the previous tile is quantized, so a program always has one
+    # tile in flight from memory while it computes: with one warp per program, that is what keeps
+    # HBM busy.
+    for _t in range(TILES - 1):
+        nxt = _load_tile(x_ptr, poffs + G * W, rmask & (pcols + G * W < K // 2), PAIRS, EVEN)
+        _quantize_tile(
+            raw, q_ptr, s_ptr, rows, blocks, poffs, rmask & (pcols < K // 2), ts, seed, M, K,
+            BS, NV, BLOCK_2D, STOCHASTIC, ROWS, G, PAIRS, EVEN,
+        )  # fmt: skip
+        raw = nxt
+        poffs += G * W
+        pcols += G * W
+        blocks += G
+    _quantize_tile(
+        raw, q_ptr, s_ptr, rows, blocks, poffs, rmask & (pcols < K // 2), ts, seed, M, K,
+        BS, NV, BLOCK_2D, STOCHASTIC, ROWS, G, PAIRS, EVEN,
+    )  # fmt: skip
+
+
+def _quantize_launch(m: int, k: int, bs: int, block_2d: bool) -> tuple:
+    """(ROWS, G, TILES) for an (m, k) input: tiles of QUANT_TILE_ELEMS elements, QUANT_COLS columns wide
+    where the row is that long (16 rows for 16x16 tiles), QUANT_TILES[bs] tiles per program."""
+    n_blocks = k // bs
+    rows = 16 if block_2d else 1
+    g = max(1, min(QUANT_TILE_ELEMS // (rows * bs), QUANT_COLS // bs, triton.next_power_of_2(n_blocks)))
+    rows = max(rows, QUANT_TILE_ELEMS // (g * bs))
+    return rows, g, max(1, min(QUANT_TILES[bs], triton.cdiv(n_blocks, g)))
 
 
 def _quantize(x, fmt, tensor_scale, block_2d, stochastic_rounding, seed) -> FP4Tensor:
@@ -402,12 +486,18 @@ def _quantize(x, fmt, tensor_scale, block_2d, stochastic_rounding, seed) -> FP4T
             amax = quantize.tensor_amax(x) if x.numel() else torch.zeros((), device=x.device)
             ts = torch.empty((), dtype=torch.float32, device=x.device)
     if x.numel():
-        grid = (triton.cdiv(m, QUANT_ROWS), triton.cdiv(k, QUANT_COLS))
+        rows, g, tiles = _quantize_launch(m, k, bs, block_2d)
+        # bf16 pairs as one int32 word each (needs a 4-byte aligned start; a view at an odd element
+        # offset takes the general path)
+        pairs = x2.dtype == torch.bfloat16 and x2.data_ptr() % 4 == 0
+        grid = (triton.cdiv(m, rows), triton.cdiv(k // bs, g * tiles))
+        even = m % rows == 0 and (k // bs) % (g * tiles) == 0
         dummy = s  # MXFP4 reads neither amax nor the tensor scale
         _quantize_kernel[grid](
-            x2, q, s, amax if amax is not None else dummy, ts if ts is not None else dummy, seed, m, k,
-            BS=bs, NV=nv, TS_GIVEN=tensor_scale is not None, BLOCK_2D=block_2d, STOCHASTIC=stochastic_rounding,
-            ROWS=QUANT_ROWS, COLS=QUANT_COLS, num_warps=QUANT_WARPS,
+            x2.view(torch.int32) if pairs else x2, q, s, amax if amax is not None else dummy,
+            ts if ts is not None else dummy, seed, m, k, BS=bs, NV=nv, TS_GIVEN=tensor_scale is not None,
+            BLOCK_2D=block_2d, STOCHASTIC=stochastic_rounding, ROWS=rows, G=g, TILES=tiles, PAIRS=pairs,
+            EVEN=even, I64=x2.numel() >= 2**31, num_warps=QUANT_WARPS,
         )  # fmt: skip
     elif nv and tensor_scale is None:
         ts = tensor_scale_reference(amax)

@@ -10,6 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels
 from kernels import formats, stochastic
@@ -49,6 +51,43 @@ def test_rne_against_ml_dtypes_at_every_tie_and_neighbour():
     want = mag.numpy().astype(ml_dtypes.float4_e2m1fn).view(np.uint8).astype(np.int32)
     got = F.e2m1_rne_reference(mag).numpy()
     assert np.array_equal(got, want), f"ties or saturation differ from ml_dtypes at {mag[got != want].tolist()}"
+
+
+@triton.jit
+def _code_probe_kernel(v_ptr, c_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(v_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(c_ptr + offs, F._e2m1_code(v), mask=offs < n)
+
+
+def test_kernel_rounding_is_the_boundary_count():
+    """The kernels round with one fp32 addition (:func:`kernels.fp4._e2m1_code`); the reference counts
+    boundaries.  Every tie, its fp32 neighbours, grid points, saturation, signs and a sweep of [0, 8]."""
+    grid = torch.tensor(F.E2M1_VALUES, dtype=torch.float64)
+    mids = (grid[1:] + grid[:-1]) / 2
+    pts = torch.cat([grid, mids, torch.tensor([6.5, 7.0, 7.99, 8.0, 100.0, 1e30, 1e-30, 1e-40])]).float()
+    pts = torch.cat([pts, torch.nextafter(pts, torch.tensor(0.0)), torch.nextafter(pts, torch.tensor(1e38))])
+    sweep = torch.rand(20000, generator=torch.Generator().manual_seed(0)) * 8
+    v = torch.cat([pts, -pts, sweep, -sweep])
+    out = torch.empty(v.shape, dtype=torch.int32, device=DEVICE)
+    _code_probe_kernel[(triton.cdiv(v.numel(), 1024),)](v.to(DEVICE), out, v.numel(), BLOCK=1024)
+    want = F.e2m1_rne_reference(v.abs().clamp(max=F.E2M1_MAX))
+    assert_bits_equal(out.cpu(), want, name="E2M1 codes: one addition vs counting boundaries")
+
+
+def test_quantize_tiling_and_input_paths():
+    """Several tiles per program with a ragged last one, row counts that do not fill a tile, and bf16 read
+    as int32 pairs vs element by element (a view at an odd offset): the same bits as the reference."""
+    for fmt, bs in F.FORMATS.items():
+        for shape in [(3, bs * 41), (5, bs * 19), (1, bs * 70)]:
+            for case, x in special_inputs(shape, torch.bfloat16, 4, DEVICE).items():
+                if case in ("random", "one outlier", "nan/inf"):
+                    _same_fp4(F.quantize_fp4(x, fmt), F.quantize_fp4_reference(x, fmt), f"{fmt} {shape} {case}")
+        base = torch.randn(4 * bs * 9 + 1, generator=torch.Generator().manual_seed(5)).to(DEVICE, torch.bfloat16)
+        odd = base[1:].reshape(4, bs * 9)  # contiguous, but starts 2 bytes into the storage
+        assert odd.data_ptr() % 4 == 2
+        _same_fp4(F.quantize_fp4(odd, fmt), F.quantize_fp4(odd.clone(), fmt), f"{fmt} odd offset vs aligned")
+        _same_fp4(F.quantize_fp4(odd, fmt), F.quantize_fp4_reference(odd, fmt), f"{fmt} odd offset")
 
 
 def test_pack_order_is_torchs_float4_e2m1fn_x2():
