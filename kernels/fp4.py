@@ -331,12 +331,16 @@ def _load_tile(x_ptr, poffs, mask, PAIRS: tl.constexpr, EVEN: tl.constexpr):
     PAIRS, else (..., 2) elements of any input dtype."""
     if PAIRS:
         if EVEN:
-            return tl.load(x_ptr + poffs)
-        return tl.load(x_ptr + poffs, mask=mask, other=0)
-    offs = poffs[:, :, :, None] * 2 + tl.arange(0, 2)[None, None, None, :]  # (ROWS, G, BS // 2, 2)
-    if EVEN:
-        return tl.load(x_ptr + offs)
-    return tl.load(x_ptr + offs, mask=mask[:, :, :, None], other=0.0)
+            raw = tl.load(x_ptr + poffs)
+        else:
+            raw = tl.load(x_ptr + poffs, mask=mask, other=0)
+    else:
+        offs = poffs[:, :, :, None] * 2 + tl.arange(0, 2)[None, None, None, :]  # (ROWS, G, BS // 2, 2)
+        if EVEN:
+            raw = tl.load(x_ptr + offs)
+        else:
+            raw = tl.load(x_ptr + offs, mask=mask[:, :, :, None], other=0.0)
+    return raw
 
 
 @triton.jit
