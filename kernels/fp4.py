@@ -420,12 +420,11 @@ def _quantize_kernel(
     pid_g = tl.program_id(1)
     W: tl.constexpr = BS // 2  # pairs per block
     rows = pid_m * ROWS + tl.arange(0, ROWS)
+    if I64:
+        rows = rows.to(tl.int64)  # and with it every offset below
     blocks = pid_g * (G * TILES) + tl.arange(0, G)
     pcols = blocks[None, :, None] * W + tl.arange(0, W)[None, None, :]  # (1, G, W): pair index in the row
-    if I64:
-        poffs = rows.to(tl.int64)[:, None, None] * (K // 2) + pcols  # (ROWS, G, W)
-    else:
-        poffs = rows[:, None, None] * (K // 2) + pcols
+    poffs = rows[:, None, None] * (K // 2) + pcols  # (ROWS, G, W)
     ts = 1.0
     if NV:
         if TS_GIVEN:
