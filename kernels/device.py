@@ -6,6 +6,7 @@ reason instead of an error.
 """
 
 import datetime
+import functools
 import platform
 from dataclasses import dataclass
 
@@ -33,14 +34,20 @@ class Capabilities:
 
 
 def capabilities() -> Capabilities:
-    """Classify the device: CPU interpreter; CUDA below sm_89 (FP8 emulated by upcasting);
+    """Classify the current device: CPU interpreter; CUDA below sm_89 (FP8 emulated by upcasting);
     sm_89/sm_90 (native FP8 tensor cores); sm_100+ (native MX and FP4 as well)."""
     if kernels.INTERPRETER or not torch.cuda.is_available():
         return Capabilities("cpu-interpreter", f"CPU ({platform.machine()})", (0, 0), "interpreter", "interpreter")
-    cap = torch.cuda.get_device_capability()
+    return _cuda_capabilities(torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_capabilities(index: int) -> Capabilities:
+    # Once per device and process: kernels ask on every launch, and each device query costs microseconds.
+    cap = torch.cuda.get_device_capability(index)
     fp8 = "native" if cap >= (8, 9) else "emulated"
     mx = "native" if cap >= (10, 0) else "emulated"
-    return Capabilities("cuda", torch.cuda.get_device_name(), cap, fp8, mx)
+    return Capabilities("cuda", torch.cuda.get_device_name(index), cap, fp8, mx)
 
 
 def report() -> Capabilities:
