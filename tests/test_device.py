@@ -19,6 +19,23 @@ def test_report_names_device_versions_and_mode(capsys):
     assert ("CPU mode" in line) == caps.interpreter == kernels.INTERPRETER
 
 
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """make(cap, name): pretend to be CUDA device 0 with compute capability ``cap``.  capabilities() keeps
+    one answer per device and process, so kept answers are dropped before and after."""
+
+    def make(cap, name):
+        monkeypatch.setattr(kernels, "INTERPRETER", False)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+        device._cuda_capabilities.cache_clear()
+
+    yield make
+    device._cuda_capabilities.cache_clear()
+
+
 @pytest.mark.parametrize(
     "cap,fp8,mx",
     [
@@ -30,23 +47,17 @@ def test_report_names_device_versions_and_mode(capsys):
         ((12, 0), "native", "native"),
     ],
 )
-def test_capability_classes(monkeypatch, cap, fp8, mx):
-    monkeypatch.setattr(kernels, "INTERPRETER", False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some GPU")
+def test_capability_classes(fake_gpu, cap, fp8, mx):
+    fake_gpu(cap, "Some GPU")
     caps = device.capabilities()
     assert (caps.mode, caps.fp8, caps.mx_fp4, caps.sm) == ("cuda", fp8, mx, f"sm_{cap[0]}{cap[1]}")
 
 
-def test_gpu_only_skips_with_one_line_reason(monkeypatch, capsys):
+def test_gpu_only_skips_with_one_line_reason(monkeypatch, fake_gpu, capsys):
     monkeypatch.setattr(kernels, "INTERPRETER", True)
     assert device.gpu_only("timing against cuBLAS") is False
     assert capsys.readouterr().out == "skipped on CPU: timing against cuBLAS needs a CUDA GPU\n"
-    monkeypatch.setattr(kernels, "INTERPRETER", False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100")
+    fake_gpu((8, 0), "NVIDIA A100")
     assert device.gpu_only("an FP8 GEMM", need="fp8") is False
     assert "needs FP8 tensor cores" in capsys.readouterr().out
     assert device.gpu_only("a bf16 GEMM") is True
