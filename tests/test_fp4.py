@@ -79,10 +79,13 @@ def test_quantize_tiling_and_input_paths():
     """Several tiles per program with a ragged last one, row counts that do not fill a tile, and bf16 read
     as int32 pairs vs element by element (a view at an odd offset): the same bits as the reference."""
     for fmt, bs in F.FORMATS.items():
-        for shape in [(3, bs * 41), (5, bs * 19), (1, bs * 70)]:
+        for shape in [(3, bs * 41), (5, bs * 19), (1, bs * 70), (4, 512)]:
             for case, x in special_inputs(shape, torch.bfloat16, 4, DEVICE).items():
                 if case in ("random", "one outlier", "nan/inf"):
                     _same_fp4(F.quantize_fp4(x, fmt), F.quantize_fp4_reference(x, fmt), f"{fmt} {shape} {case}")
+        # (4, 512) is whole tiles only: the unmasked path
+        rows, g, tiles = F._quantize_launch(4, 512, bs, False)
+        assert 4 % rows == 0 and (512 // bs) % (g * tiles) == 0 and tiles > 1
         base = torch.randn(4 * bs * 9 + 1, generator=torch.Generator().manual_seed(5)).to(DEVICE, torch.bfloat16)
         odd = base[1:].reshape(4, bs * 9)  # contiguous, but starts 2 bytes into the storage
         assert odd.data_ptr() % 4 == 2
@@ -156,7 +159,7 @@ def test_quantize_matches_reference(fmt, dtype):
 )
 def test_quantize_options_match_reference(fmt, kw):
     kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    for shape in [(7, 64), (37, 96)]:
+    for shape in [(7, 64), (37, 96), (32, 512)]:  # (32, 512): whole tiles, the unmasked path
         for case, x in _cases(shape, torch.bfloat16, seed=1).items():
             if case in ("subnormals", "huge"):
                 continue
