@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels import quantize, stochastic
+from kernels import quantize, stochastic, w4a16_mma
 from kernels.quantize import _e8m0_scale
 
 # -- formats and constants ------------------------------------------------------------------------
@@ -784,7 +784,9 @@ def _w4a16_configs():
 _w4a16_tuned = triton.autotune(configs=_w4a16_configs(), key=["N", "K", "BS", "NV", "BLOCK_M", "FAST"])(_w4a16_kernel)
 
 
-def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None, fast: bool | None = None) -> torch.Tensor:
+def w4a16_matmul(
+    a: torch.Tensor, w: FP4Tensor, config: tuple | None = None, fast: bool | None = None, kernel: str | None = None
+) -> torch.Tensor:
     """``a @ W^T`` with ``a`` bf16 ``(..., K)`` and ``W`` an FP4 weight ``(N, K)`` (NVFP4 or MXFP4):
     the packed codes and scales are read from memory and dequantized in registers, the product runs on
     bf16 tensor cores with fp32 accumulation (the NVFP4 tensor scale multiplies the accumulator) and the
@@ -795,8 +797,16 @@ def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None, fas
     :data:`W4A16_CPU_CONFIG`.  ``fast`` picks the E2M1 decoder: the three-operation one
     (:func:`_e2m1_to_bf16_fast`) or the one with selects; by default the fast one wherever
     :func:`fast_decode_ok` has found it exact on this device.  At decode shapes the kernel has ~2 integer
-    operations per weight to spend before the integer units, not memory, set its speed."""
+    operations per weight to spend before the integer units, not memory, set its speed.
+
+    ``kernel`` picks the implementation: ``"dot"`` the ``tl.dot`` kernel above, ``"mma"`` the Gluon
+    kernel of :mod:`kernels.w4a16_mma` (sm_90, 1 <= M <= 16, K a multiple of
+    :func:`kernels.w4a16_mma.k_multiple`), which writes the decoded weights straight into the tensor-core
+    operand's registers.  By default ``"mma"`` wherever it applies (and neither ``config`` nor ``fast``
+    is given), else ``"dot"``."""
     bs = _check_fp4(w)
+    if kernel not in (None, "dot", "mma"):
+        raise ValueError(f"kernel must be None, 'dot' or 'mma', got {kernel!r}")
     if not isinstance(a, torch.Tensor) or a.dtype != torch.bfloat16:
         raise TypeError(f"a must be a bfloat16 tensor of activations, got {getattr(a, 'dtype', type(a))}")
     if w.q.dim() != 2:
@@ -819,6 +829,15 @@ def w4a16_matmul(a: torch.Tensor, w: FP4Tensor, config: tuple | None = None, fas
         return c.reshape(*a.shape[:-1], n)
     s = w.s.view(torch.uint8).contiguous()
     ts = w.tensor_scale.float().reshape(1) if w.fmt == "nvfp4" else s
+    mma_ok = w4a16_mma.supported(a2, n, k)
+    if kernel == "mma" and not mma_ok:
+        raise ValueError(
+            f"kernel='mma' needs an sm_90 GPU, 1 <= M <= {w4a16_mma.MAX_M} rows and K a multiple of "
+            f"{w4a16_mma.k_multiple(max(m, 1))}; got {a.device}, M = {m}, K = {k}"
+        )
+    if kernel == "mma" or (kernel is None and mma_ok and config is None and fast is None):
+        w4a16_mma.w4a16_mma(a2, w.q.contiguous(), s, ts, c, w.fmt == "nvfp4")
+        return c.reshape(*a.shape[:-1], n)
     block_m = min(max(16, triton.next_power_of_2(m)), 64)
     args = (a2, w.q.contiguous(), s, ts, c, m, n, k, a2.stride(0), c.stride(0))
     nv = w.fmt == "nvfp4"

@@ -328,6 +328,112 @@ def test_w4a16_leading_dims_and_errors():
         F.w4a16_matmul(a, w, config=(32, 48, False, 4, 1))
 
 
+def _awkward_weight(n, k, g):
+    """Gaussian rows plus the blocks a scale path can get wrong: huge (MXFP4 exponents above 128), tiny,
+    all-zero, a lone outlier, and NVFP4 block scales that land on E4M3 subnormals."""
+    w = torch.randn(n, k, generator=g)
+    w[0, :64] *= 1e3
+    w[1, 32:96] *= 1e-30
+    w[2, :128] = 0
+    w[3, 5] = 3e4
+    w[4, 16:32] *= 1e-5
+    return w
+
+
+@pytest.mark.skipif(kernels.INTERPRETER, reason="the Gluon kernel needs an sm_90 GPU; CPU runs the compile test below")
+@pytest.mark.parametrize("fmt", list(F.FORMATS))
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
+@pytest.mark.parametrize("n,k", [(40, 1024), (96, 3072)])
+def test_w4a16_mma_matches_dequantize_then_matmul(fmt, m, n, k):
+    g = torch.Generator().manual_seed(m * n + k)
+    wq = F.quantize_fp4(_awkward_weight(n, k, g).to(DEVICE), fmt)
+    a = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEVICE)
+    if not F.w4a16_mma.supported(a, n, k):
+        pytest.skip(f"not an sm_90 GPU: {torch.cuda.get_device_name()}")
+    got = F.w4a16_matmul(a, wq, kernel="mma")
+    want = F.w4a16_matmul_reference(a, wq)
+    c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name=f"w4a16 mma {fmt}")
+    assert c.ok, c.report
+    assert torch.equal(F.w4a16_matmul(a, wq), got), "the default is the mma kernel here"
+    # a NaN block scale (a non-finite input) reaches the outputs that use it, not the others
+    bad = F.quantize_fp4(
+        _awkward_weight(n, k, g)
+        .to(DEVICE)
+        .index_put_((torch.tensor([7]), torch.tensor([3])), torch.tensor(float("nan"), device=DEVICE)),
+        fmt,
+    )
+    out = F.w4a16_matmul(a, bad, kernel="mma").float()
+    assert out[:, 7].isnan().all() and not out[:, :7].isnan().any()
+
+
+def test_w4a16_kernel_argument():
+    w = F.quantize_nvfp4(torch.randn(32, 1024, device=DEVICE))
+    a = torch.randn(1, 1024, device=DEVICE).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="kernel must be"):
+        F.w4a16_matmul(a, w, kernel="fast")
+    if kernels.INTERPRETER:
+        with pytest.raises(ValueError, match="kernel='mma' needs an sm_90 GPU"):
+            F.w4a16_matmul(a, w, kernel="mma")
+    with pytest.raises(ValueError, match="K a multiple of 1024"):
+        F.w4a16_matmul(a[:, :512], F.quantize_nvfp4(torch.randn(32, 512, device=DEVICE)), kernel="mma")
+    want = F.w4a16_matmul_reference(a, w)
+    got = F.w4a16_matmul(a, w, kernel="dot")
+    assert compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name="dot").ok
+
+
+_COMPILE_MMA = """
+import importlib.util, os, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+spec = importlib.util.spec_from_file_location("w4a16_mma", sys.argv[1])
+W = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(W)
+sig = {name: "*bf16" for name in ("a_ptr", "c_ptr")}
+sig.update(q_ptr="*u8", s_ptr="*u8", ts_ptr="*fp32")
+sig.update({name: "i32" for name in ("M", "N", "stride_am", "stride_cm", "K8", "KW", "KW8", "KS", "KWS")})
+names = ["a_ptr", "q_ptr", "s_ptr", "ts_ptr", "c_ptr", "M", "N", "stride_am", "stride_cm"]
+names += ["K8", "KW", "KW8", "KS", "KWS"]
+sig = {name: sig[name] for name in names}
+cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+for nv, wpl in ((True, 8), (False, 4)):
+    ce = dict(NV=nv, BN=W.BN, WK=W.WK, WPL=wpl)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if name not in ("M", "N")}
+    src = GluonASTSource(W._w4a16_mma_kernel, {**sig, **{c: "constexpr" for c in ce}}, constexprs=ce, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": W.WK})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+    print(nv, wpl, "STACK:0" in res, "LOCAL:0" in res, sass.count("HMMA.16816.F32.BF16"), sass.count("LDG.E.128"),
+          sass.count("STS"), sass.count("LDS"))
+"""
+
+
+def test_w4a16_mma_compiles_for_hopper_without_shared_memory_shuffles():
+    """On any machine: the Gluon kernel compiles for sm_90 with the installed Triton, the decoded weights
+    reach the tensor cores without a layout conversion (``assert_trivial``), nothing spills to local
+    memory, the weights arrive in 16-byte loads, and shared memory is used only for the final sum of the
+    warps' tiles (a handful of stores and loads, none per K step)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    path = Path(F.__file__).with_name("w4a16_mma.py")
+    out = subprocess.run([sys.executable, "-c", _COMPILE_MMA, str(path)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.split("\n")[:2]
+    for line in lines:
+        nv, wpl, no_stack, no_local, hmma, ldg128, sts, lds = line.split()
+        assert no_stack == "True" and no_local == "True", line
+        # one K step: (32 WPL / 16) k-slices x (BN / 8) column tiles of m16n8k16, 16 bytes per lane and word quad
+        assert int(hmma) == 32 * int(wpl) // 16 * 32 // 8, line
+        assert int(ldg128) >= 2 * 32 * int(wpl) // 4 // 8, line  # two copies: before the loop and in it
+        assert int(sts) <= 8 and int(lds) <= 8, line
+
+
 def test_dot_scaled_matches_dequantize_then_matmul():
     g = torch.Generator().manual_seed(9)
     w = F.quantize_mxfp4(torch.randn(40, 128, generator=g).to(DEVICE))

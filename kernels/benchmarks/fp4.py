@@ -4,11 +4,13 @@ quantizers against a device copy of the same bytes.
 W4A16 (``fp4_w4a16_gemm``): ``M`` in {1, 16}, ``N = K = 8192``, NVFP4 and MXFP4 weights.  Work is
 2*M*N*K FLOPs for every contender, so the ratio is a ratio of times.  The baselines are bf16
 ``torch.matmul`` (cuBLAS) with the same activations and a bf16 weight, and dequantize-then-matmul (the
-package's dequantizer to bf16, then ``torch.matmul``).  One FP4 weight is 36 MB (NVFP4) or 34 MB (MXFP4),
-less than the H200's 60 MB L2, so every contender cycles through ``WEIGHT_SETS`` weights per call
-sequence: each call reads its weight from HBM, as a decode step does.  A call takes tens of microseconds,
-about what Python needs to launch a Triton kernel, so every contender is timed as the replay of a CUDA graph
-of ``GRAPH_CALLS`` calls (:func:`kernels.benchmarks.graphed`), as a decode step is run.
+package's dequantizer to bf16, then ``torch.matmul``); the ``tl.dot`` kernel that the lab builds
+(``kernel="dot"``) is timed beside the default (the Gluon kernel of :mod:`kernels.w4a16_mma`).  One FP4
+weight is 36 MB (NVFP4) or 34 MB (MXFP4), less than the H200's 60 MB L2, so every contender cycles
+through ``WEIGHT_SETS`` weights per call sequence: each call reads its weight from HBM, as a decode step
+does.  A call takes tens of microseconds, about what Python needs to launch a Triton kernel, so every
+contender is timed as the replay of a CUDA graph of ``GRAPH_CALLS`` calls
+(:func:`kernels.benchmarks.graphed`), as a decode step is run.
 
 Quantizers: bytes counted are every read of the bf16 input (NVFP4 with its tensor scale computed reads it
 twice: an amax pass, then the quantize pass), the packed codes (half a byte per element) and the scales
@@ -52,6 +54,7 @@ def _bench_w4a16():
             ours = _rotating([lambda w=w, a=a: fp4.w4a16_matmul(a, w) for w in wq])
             bf16 = _rotating([lambda w=w, a=a: torch.matmul(a, w.T) for w in ws])
             deq = _rotating([lambda w=w, a=a: torch.matmul(a, fp4.dequantize_fp4(w, torch.bfloat16).T) for w in wq])
+            dot = _rotating([lambda w=w, a=a: fp4.w4a16_matmul(a, w, kernel="dot") for w in wq])
             records += measure(
                 "fp4_w4a16_gemm",
                 f"{m}x{n}x{k} {fmt}",
@@ -61,6 +64,7 @@ def _bench_w4a16():
                 {
                     "torch.matmul bf16": graphed(bf16, GRAPH_CALLS),
                     "dequantize + torch.matmul": graphed(deq, GRAPH_CALLS),
+                    "tl.dot kernel": graphed(dot, GRAPH_CALLS),
                 },
             )
             del wq

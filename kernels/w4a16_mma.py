@@ -1,0 +1,213 @@
+"""The W4A16 GEMM for decode shapes on Hopper, written in Gluon: packed FP4 weights go from memory
+straight into the registers of a bf16 ``mma.sync`` operand, with no trip through shared memory.
+
+:func:`kernels.fp4.w4a16_matmul` uses this kernel on an sm_90 GPU for ``M <= 16`` rows of activations
+when K is a multiple of :func:`k_multiple`; everywhere else (the interpreter, other GPUs, larger M) it
+runs the ``tl.dot`` kernel of chapter 6, which is the one the lab builds.
+
+Why a second kernel.  In ``tl.dot`` the dequantized weight tile must be in the layout the tensor cores
+read, and Triton gets it there by writing the tile to shared memory and reading it back: at M = 1 that
+layout conversion, not the weight bytes, sets the speed.  Gluon lets the kernel choose the layouts
+itself, so the decode can produce the operand's registers directly:
+
+* A CTA holds ``WK`` warps that split K; each warp computes a ``16 x BN`` tile (M padded to 16) with
+  ``mma.m16n8k16`` (bf16 in, fp32 accumulate) and the warps' tiles are summed at the end.
+* In the B operand of ``m16n8k16`` lane ``4n + t`` holds column ``n`` and k values ``2t, 2t + 1,
+  2t + 8, 2t + 9``.  Here lane ``t`` of a column loads ``WPL`` consecutive 32-bit words (8 codes each)
+  of that row: one or two 16-byte loads.
+* The tensor-core k order need not be the weight's: any permutation of k gives the same dot product if
+  the activations are permuted the same way.  The kernel picks the one in which the decode needs no
+  data movement: a word ``w`` holds codes ``R`` (bits 4R..4R+3) and ``R + 4`` (bits 16+4R..),
+  16 bits apart, so one shift-and-mask makes a bf16 *pair* of them, ``(code R, code R + 4)``, which is
+  what one operand register holds.  Logical ``k = 8 WPL t + 8 wi + 2 r1 + r0 + 4 e`` (word ``wi`` of the
+  lane, code ``R = 2 r1 + r0``, half ``e``) goes to tensor-core ``k = 16 (2 wi + r1) + 8 r0 + 2 t + e``;
+  the activations, loaded as contiguous runs, are permuted in registers to match.
+* Decode: ``sign << 15 | (exponent, mantissa) << 6`` read as bf16 is the E2M1 value times 2^-126 (the
+  codes 0 and 0.5 land on bf16 subnormals, exactly); one ``mul.rn.bf16x2`` by the block scale, also
+  pre-multiplied by a power of two, gives ``value * scale`` exactly (2 + 4 significant bits).  NVFP4:
+  the scale is ``E4M3 * 2^118`` and the accumulator is multiplied by ``256 * tensor_scale`` at the end.
+  MXFP4: ``2^(e-127)`` is applied as two bf16 factors ``2^(min(e,128)-1)`` and ``2^(max(e,128)-128)``
+  so that every E8M0 exponent, 0 to 254 (and 255, NaN), is exact.
+
+Measured on an H200 (the chapter's benchmark, ``python -m kernels.bench fp4_w4a16_gemm``): this kernel
+runs at about 1.3-1.7x bf16 ``torch.matmul`` at N = K = 8192, against 0.75x for the ``tl.dot`` kernel.
+The bytes allow about 3.7x; chapter 6 shows where the rest goes.
+"""
+
+import torch
+import triton
+
+try:  # Gluon ships with Triton >= 3.5; without it the tl.dot kernel is used everywhere
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+except ImportError:  # pragma: no cover - the pinned Triton has it
+    gluon = gl = None
+
+BN = 32  # weight rows (output columns) per CTA
+WK = 4  # warps per CTA, splitting K
+MAX_M = 16  # one m16 tile of activations
+
+
+def words_per_lane(m: int) -> int:
+    """32-bit words (8 codes each) a lane loads per column and step: two 16-byte loads at M <= 8 (fewer
+    steps), one above (fewer registers for the larger activation tile)."""
+    return 8 if m <= 8 else 4
+
+
+def k_multiple(m: int) -> int:
+    """K must be a multiple of this: WK warps, each a whole number of 32 * WPL-wide steps."""
+    return WK * 32 * words_per_lane(m)
+
+
+def supported(a: torch.Tensor, n: int, k: int) -> bool:
+    """Whether :func:`w4a16_mma` serves this call: Gluon present, an sm_90 GPU (where it was measured),
+    1 <= M <= 16 and K a multiple of :func:`k_multiple`."""
+    m = a.shape[0]
+    if gl is None or a.device.type != "cuda" or not 1 <= m <= MAX_M or n < 1 or k % k_multiple(m):
+        return False
+    from kernels.device import _cuda_capabilities
+
+    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    return _cuda_capabilities(index).capability[0] == 9
+
+
+if gl is not None:
+
+    @gluon.jit
+    def _pair(W, R: gl.constexpr):
+        # codes R and R + 4 of each word -> bf16x2 bits (R in the low half), each value * 2^-126
+        if R == 0:
+            p = ((W << 6) & 0x01C001C0) | ((W << 12) & 0x80008000)
+        elif R == 1:
+            p = ((W << 2) & 0x01C001C0) | ((W << 8) & 0x80008000)
+        elif R == 2:
+            p = ((W >> 2) & 0x01C001C0) | ((W << 4) & 0x80008000)
+        else:
+            p = ((W >> 6) & 0x01C001C0) | (W & 0x80008000)
+        return p
+
+    @gluon.jit
+    def _mul_bf16x2(p, f):
+        return gl.inline_asm_elementwise(
+            "mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [p, f], dtype=gl.uint32, is_pure=True, pack=1
+        )
+
+    @gluon.jit
+    def _decoded(W, f2, g2, R: gl.constexpr, NV: gl.constexpr):
+        """Codes R and R + 4 of each word, scaled, as bf16 ``[..., 2]`` (the last axis is the pair)."""
+        p = _mul_bf16x2(_pair(W, R), f2)
+        if not NV:
+            p = _mul_bf16x2(p, g2)
+        lo = p.to(gl.uint16).to(gl.bfloat16, bitcast=True)
+        hi = (p >> 16).to(gl.uint16).to(gl.bfloat16, bitcast=True)
+        return gl.join(lo, hi)
+
+    @gluon.jit
+    def _dup(bits):
+        b = bits.to(gl.uint32)
+        return b | (b << 16)
+
+    @gluon.jit
+    def _w4a16_mma_kernel(
+        a_ptr,  # (M, K) bf16, unit stride along K
+        q_ptr,  # (N, K // 2) packed codes, read as 32-bit words
+        s_ptr,  # (N, K // BS) uint8 block scales
+        ts_ptr,  # NVFP4: the fp32 tensor scale
+        c_ptr,  # (M, N) bf16
+        M,
+        N,
+        stride_am,
+        stride_cm,
+        K8,  # words per weight row
+        KW,  # K per warp
+        KW8,  # words per warp
+        KS,  # scales per row
+        KWS,  # scales per warp
+        NV: gl.constexpr,
+        BN: gl.constexpr,
+        WK: gl.constexpr,
+        WPL: gl.constexpr,
+    ):
+        KC: gl.constexpr = 32 * WPL  # K per warp and step
+        # weight words [warp, t, word, column]: lane = 4 * column + t, a lane's WPL words contiguous
+        LW: gl.constexpr = gl.BlockedLayout([1, 1, WPL, 1], [1, 4, 1, 8], [WK, 1, 1, 1], [2, 1, 3, 0])
+        # activations [warp, row, t, j]: lane t's 8 * WPL contiguous k, rows spread over lanes
+        LA: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8 * WPL], [1, 8, 4, 1], [WK, 1, 1, 1], [3, 2, 1, 0])
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WK, 1, 1], instr_shape=[1, 16, 8])
+        DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        LC: gl.constexpr = gl.SliceLayout(0, MMA)
+
+        n0 = gl.program_id(0) * BN
+        steps = KW // KC
+        wk = gl.arange(0, WK, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LW))))[:, None, None, None]
+        t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LW))))[None, :, None, None]
+        wi = gl.arange(0, WPL, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LW))))[None, None, :, None]
+        col = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LW))))[None, None, None, :]
+        row = gl.minimum(n0 + col, N - 1).to(gl.int64)  # rows past N read row N - 1; their outputs are masked
+        w_ptrs = q_ptr.to(gl.pointer_type(gl.uint32)) + row * K8 + wk * KW8 + t * WPL + wi
+        if NV:  # 16 codes (2 words) per scale
+            s_ptrs = s_ptr + row * KS + wk * KWS + t * (WPL // 2) + wi // 2
+        else:  # 32 codes (4 words) per scale
+            s_ptrs = s_ptr + row * KS + wk * KWS + t * (WPL // 4) + wi // 4
+        wka = gl.arange(0, WK, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LA))))[:, None, None, None]
+        ma = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LA))))[None, :, None, None]
+        ta = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LA))))[None, None, :, None]
+        ja = gl.arange(0, 8 * WPL, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LA))))[
+            None, None, None, :
+        ]
+        a_ptrs = a_ptr + ma * stride_am + wka * KW + ta * (8 * WPL) + ja
+        a_mask = (ma < M) & (ja >= 0) & (ta >= 0) & (wka >= 0)
+
+        acc = gl.zeros([WK, 16, BN], gl.float32, MMA)
+        w_next = gl.load(w_ptrs)
+        s_next = gl.load(s_ptrs)
+        a_next = gl.load(a_ptrs, mask=a_mask, other=0.0)
+        for i in range(steps):  # registers double-buffered: step i + 1's loads fly during step i's math
+            W = w_next
+            S = s_next
+            A = a_next
+            j = gl.minimum(i + 1, steps - 1)
+            w_next = gl.load(w_ptrs + j * (KC // 8))
+            s_next = gl.load(s_ptrs + j * (KC // (16 if NV else 32)))
+            a_next = gl.load(a_ptrs + j * KC, mask=a_mask, other=0.0)
+            if NV:  # E4M3 * 2^118 as bf16 (exact: 3 mantissa bits, exponent within range)
+                f = (S.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 2.0**118).to(gl.bfloat16)
+                f2 = _dup(f.to(gl.uint16, bitcast=True))
+                g2 = f2
+            else:  # 2^(e-127) = 2^(min(e,128)-1) * 2^(max(e,128)-128); e = 255 is NaN
+                e = S.to(gl.int32)
+                f2 = _dup((gl.minimum(e, 128) + 126) << 7)
+                g2 = _dup(gl.where(e == 255, 0x7FC0, (gl.maximum(e, 128) - 1) << 7))
+            x0 = _decoded(W, f2, g2, 0, NV)  # [warp, t, word, column, e]
+            x1 = _decoded(W, f2, g2, 1, NV)
+            x2 = _decoded(W, f2, g2, 2, NV)
+            x3 = _decoded(W, f2, g2, 3, NV)
+            z = gl.join(gl.join(x0, x1), gl.join(x2, x3))  # [warp, t, word, column, e, r0, r1]
+            z = gl.permute(z, (0, 2, 6, 5, 1, 4, 3))  # [warp, word, r1, r0, t, e, column]
+            b = gl.convert_layout(gl.reshape(z, (WK, KC, BN)), DB, assert_trivial=True)
+            # activations in the same k order: j = 8 word + 4 e + 2 r1 + r0 within lane t's run
+            a = gl.reshape(A, (WK, 16, 4, WPL, 2, 2, 2))  # [warp, row, t, word, e, r1, r0]
+            a = gl.reshape(gl.permute(a, (0, 1, 3, 5, 6, 2, 4)), (WK, 16, KC))  # [.., word, r1, r0, t, e]
+            acc = gl.nvidia.ampere.mma_v2(gl.convert_layout(a, DA), b, acc)
+        out = gl.sum(acc, axis=0)  # the warps' K slices
+        if NV:
+            out = out * (gl.load(ts_ptr) * 256.0)
+        rm = gl.arange(0, 16, layout=gl.SliceLayout(1, LC))[:, None]
+        rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, LC))[None, :]
+        gl.store(c_ptr + rm * stride_cm + rn, out.to(gl.bfloat16), mask=(rm < M) & (rn < N))
+
+
+def w4a16_mma(a2: torch.Tensor, q: torch.Tensor, s: torch.Tensor, ts: torch.Tensor, c: torch.Tensor, nv: bool):
+    """Launch on checked inputs: ``a2`` (M, K) bf16 with unit stride along K, ``q`` (N, K // 2) uint8
+    contiguous, ``s`` (N, K // BS) uint8 contiguous, ``ts`` the fp32 tensor scale (NVFP4), ``c`` (M, N)
+    bf16; :func:`supported` must hold."""
+    m, k = a2.shape
+    n = q.shape[0]
+    wpl = words_per_lane(m)
+    bs = 16 if nv else 32
+    _w4a16_mma_kernel[(triton.cdiv(n, BN),)](
+        a2, q, s, ts, c, m, n, a2.stride(0), c.stride(0), k // 8, k // WK, k // WK // 8, k // bs, k // WK // bs,
+        NV=nv, BN=BN, WK=WK, WPL=wpl, num_warps=WK,
+    )  # fmt: skip
+    return c
