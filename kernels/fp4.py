@@ -833,7 +833,7 @@ def w4a16_matmul(
     if kernel == "mma" and not mma_ok:
         raise ValueError(
             f"kernel='mma' needs an sm_90 GPU, 1 <= M <= {w4a16_mma.MAX_M} rows and K a multiple of "
-            f"{w4a16_mma.k_multiple(max(m, 1))}; got {a.device}, M = {m}, K = {k}"
+            f"{w4a16_mma.k_multiple()}; got {a.device}, M = {m}, K = {k}"
         )
     if kernel == "mma" or (kernel is None and mma_ok and config is None and fast is None):
         w4a16_mma.w4a16_mma(a2, w.q.contiguous(), s, ts, c, w.fmt == "nvfp4")

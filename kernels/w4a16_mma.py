@@ -11,10 +11,12 @@ layout conversion, not the weight bytes, sets the speed.  Gluon lets the kernel 
 itself, so the decode can produce the operand's registers directly:
 
 * A CTA holds ``WK`` warps that split K; each warp computes a ``16 x BN`` tile (M padded to 16) with
-  ``mma.m16n8k16`` (bf16 in, fp32 accumulate) and the warps' tiles are summed at the end.
+  ``mma.m16n8k16`` (bf16 in, fp32 accumulate) and the warps' tiles are summed at the end.  At M <= 8
+  only rows 0-7 of the activation tile are loaded; rows 8-15 are zeros the compiler knows, which costs
+  no registers.
 * In the B operand of ``m16n8k16`` lane ``4n + t`` holds column ``n`` and k values ``2t, 2t + 1,
-  2t + 8, 2t + 9``.  Here lane ``t`` of a column loads ``WPL`` consecutive 32-bit words (8 codes each)
-  of that row: one or two 16-byte loads.
+  2t + 8, 2t + 9``.  Here lane ``t`` of a column loads ``WPL = 4`` consecutive 32-bit words (32 codes)
+  of that row in one 16-byte load, two K steps ahead of their use.
 * The tensor-core k order need not be the weight's: any permutation of k gives the same dot product if
   the activations are permuted the same way.  The kernel picks the one in which the decode needs no
   data movement: a word ``w`` holds codes ``R`` (bits 4R..4R+3) and ``R + 4`` (bits 16+4R..),
@@ -29,9 +31,12 @@ itself, so the decode can produce the operand's registers directly:
   MXFP4: ``2^(e-127)`` is applied as two bf16 factors ``2^(min(e,128)-1)`` and ``2^(max(e,128)-128)``
   so that every E8M0 exponent, 0 to 254 (and 255, NaN), is exact.
 
-Measured on an H200 (the chapter's benchmark, ``python -m kernels.bench fp4_w4a16_gemm``): this kernel
-runs at about 1.3-1.7x bf16 ``torch.matmul`` at N = K = 8192, against 0.75x for the ``tl.dot`` kernel.
-The bytes allow about 3.7x; chapter 6 shows where the rest goes.
+Measured on an H200 (``python -m kernels.bench fp4_w4a16_gemm``, N = K = 8192): about 1.3-1.7x bf16
+``torch.matmul``, against about 0.75x for the ``tl.dot`` kernel; the bytes would allow about 3.6x.
+Nsight Compute at M = 1 says why the rest is missing: DRAM runs at about a third of its peak while each
+scheduler holds about two warps, each issuing an instruction every 4 cycles.  The kernel waits on the
+latency of its own per-weight integer work (about 4 instructions per weight: decode, scale, operand
+shuffles), not on memory; more warps per SM or fewer instructions per weight are the levers left.
 """
 
 import torch
@@ -43,27 +48,28 @@ try:  # Gluon ships with Triton >= 3.5; without it the tl.dot kernel is used eve
 except ImportError:  # pragma: no cover - the pinned Triton has it
     gluon = gl = None
 
-BN = 32  # weight rows (output columns) per CTA
 WK = 4  # warps per CTA, splitting K
+WPL = 4  # 32-bit words (8 codes each) a lane loads per column and K step: one 16-byte load
 MAX_M = 16  # one m16 tile of activations
 
 
-def words_per_lane(m: int) -> int:
-    """32-bit words (8 codes each) a lane loads per column and step: two 16-byte loads at M <= 8 (fewer
-    steps), one above (fewer registers for the larger activation tile)."""
-    return 8 if m <= 8 else 4
+def block_n(m: int) -> int:
+    """Weight rows (output columns) per CTA: 16 at M <= 8, where only half of the m16 activation tile is
+    loaded and the registers saved buy more CTAs in flight; 32 above, where each activation tile read
+    from L2 serves twice as many columns."""
+    return 16 if m <= 8 else 32
 
 
-def k_multiple(m: int) -> int:
+def k_multiple(m: int = 1) -> int:
     """K must be a multiple of this: WK warps, each a whole number of 32 * WPL-wide steps."""
-    return WK * 32 * words_per_lane(m)
+    return WK * 32 * WPL
 
 
 def supported(a: torch.Tensor, n: int, k: int) -> bool:
     """Whether :func:`w4a16_mma` serves this call: Gluon present, an sm_90 GPU (where it was measured),
     1 <= M <= 16 and K a multiple of :func:`k_multiple`."""
     m = a.shape[0]
-    if gl is None or a.device.type != "cuda" or not 1 <= m <= MAX_M or n < 1 or k % k_multiple(m):
+    if gl is None or a.device.type != "cuda" or not 1 <= m <= MAX_M or n < 1 or k % k_multiple():
         return False
     from kernels.device import _cuda_capabilities
 
@@ -108,6 +114,34 @@ if gl is not None:
         return b | (b << 16)
 
     @gluon.jit
+    def _step(acc, W, S, A, NV: gl.constexpr, WK: gl.constexpr, WPL: gl.constexpr, MT: gl.constexpr):
+        """One K step of one warp: decode ``W`` (words) with scales ``S`` and multiply by ``A``."""
+        KC: gl.constexpr = 32 * WPL
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WK, 1, 1], instr_shape=[1, 16, 8])
+        if NV:  # E4M3 * 2^118 as bf16 (exact: 3 mantissa bits, exponent within range)
+            f = (S.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 2.0**118).to(gl.bfloat16)
+            f2 = _dup(f.to(gl.uint16, bitcast=True))
+            g2 = f2
+        else:  # 2^(e-127) = 2^(min(e,128)-1) * 2^(max(e,128)-128); e = 255 is NaN
+            e = S.to(gl.int32)
+            f2 = _dup((gl.minimum(e, 128) + 126) << 7)
+            g2 = _dup(gl.where(e == 255, 0x7FC0, (gl.maximum(e, 128) - 1) << 7))
+        x0 = _decoded(W, f2, g2, 0, NV)  # [warp, t, word, column, e]
+        x1 = _decoded(W, f2, g2, 1, NV)
+        x2 = _decoded(W, f2, g2, 2, NV)
+        x3 = _decoded(W, f2, g2, 3, NV)
+        z = gl.join(gl.join(x0, x1), gl.join(x2, x3))  # [warp, t, word, column, e, r0, r1]
+        z = gl.permute(z, (0, 2, 6, 5, 1, 4, 3))  # [warp, word, r1, r0, t, e, column]
+        BN: gl.constexpr = z.shape[6]
+        b = gl.convert_layout(gl.reshape(z, (WK, KC, BN)), gl.DotOperandLayout(1, MMA, 2), assert_trivial=True)
+        if MT == 8:  # rows 8-15 of the m16 tile are zeros known to the compiler: no registers, no loads
+            A = gl.reshape(gl.permute(gl.join(A, gl.zeros_like(A)), (0, 4, 1, 2, 3)), (WK, 16, 4, 8 * WPL))
+        # activations in the same k order: j = 8 word + 4 e + 2 r1 + r0 within lane t's run
+        a = gl.reshape(A, (WK, 16, 4, WPL, 2, 2, 2))  # [warp, row, t, word, e, r1, r0]
+        a = gl.reshape(gl.permute(a, (0, 1, 3, 5, 6, 2, 4)), (WK, 16, KC))  # [.., word, r1, r0, t, e]
+        return gl.nvidia.ampere.mma_v2(gl.convert_layout(a, gl.DotOperandLayout(0, MMA, 2)), b, acc)
+
+    @gluon.jit
     def _w4a16_mma_kernel(
         a_ptr,  # (M, K) bf16, unit stride along K
         q_ptr,  # (N, K // 2) packed codes, read as 32-bit words
@@ -127,15 +161,16 @@ if gl is not None:
         BN: gl.constexpr,
         WK: gl.constexpr,
         WPL: gl.constexpr,
+        MT: gl.constexpr,  # rows of activations loaded: 8 (M <= 8) or 16
+        PF: gl.constexpr,  # steps of weights in flight beyond the one in use: 1 or 2
     ):
         KC: gl.constexpr = 32 * WPL  # K per warp and step
+        SC: gl.constexpr = KC // (16 if NV else 32)  # scales per row and step
         # weight words [warp, t, word, column]: lane = 4 * column + t, a lane's WPL words contiguous
         LW: gl.constexpr = gl.BlockedLayout([1, 1, WPL, 1], [1, 4, 1, 8], [WK, 1, 1, 1], [2, 1, 3, 0])
         # activations [warp, row, t, j]: lane t's 8 * WPL contiguous k, rows spread over lanes
         LA: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8 * WPL], [1, 8, 4, 1], [WK, 1, 1, 1], [3, 2, 1, 0])
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WK, 1, 1], instr_shape=[1, 16, 8])
-        DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         LC: gl.constexpr = gl.SliceLayout(0, MMA)
 
         n0 = gl.program_id(0) * BN
@@ -151,7 +186,7 @@ if gl is not None:
         else:  # 32 codes (4 words) per scale
             s_ptrs = s_ptr + row * KS + wk * KWS + t * (WPL // 4) + wi // 4
         wka = gl.arange(0, WK, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LA))))[:, None, None, None]
-        ma = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LA))))[None, :, None, None]
+        ma = gl.arange(0, MT, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LA))))[None, :, None, None]
         ta = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LA))))[None, None, :, None]
         ja = gl.arange(0, 8 * WPL, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LA))))[
             None, None, None, :
@@ -163,33 +198,36 @@ if gl is not None:
         w_next = gl.load(w_ptrs)
         s_next = gl.load(s_ptrs)
         a_next = gl.load(a_ptrs, mask=a_mask, other=0.0)
-        for i in range(steps):  # registers double-buffered: step i + 1's loads fly during step i's math
-            W = w_next
-            S = s_next
-            A = a_next
-            j = gl.minimum(i + 1, steps - 1)
-            w_next = gl.load(w_ptrs + j * (KC // 8))
-            s_next = gl.load(s_ptrs + j * (KC // (16 if NV else 32)))
-            a_next = gl.load(a_ptrs + j * KC, mask=a_mask, other=0.0)
-            if NV:  # E4M3 * 2^118 as bf16 (exact: 3 mantissa bits, exponent within range)
-                f = (S.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 2.0**118).to(gl.bfloat16)
-                f2 = _dup(f.to(gl.uint16, bitcast=True))
-                g2 = f2
-            else:  # 2^(e-127) = 2^(min(e,128)-1) * 2^(max(e,128)-128); e = 255 is NaN
-                e = S.to(gl.int32)
-                f2 = _dup((gl.minimum(e, 128) + 126) << 7)
-                g2 = _dup(gl.where(e == 255, 0x7FC0, (gl.maximum(e, 128) - 1) << 7))
-            x0 = _decoded(W, f2, g2, 0, NV)  # [warp, t, word, column, e]
-            x1 = _decoded(W, f2, g2, 1, NV)
-            x2 = _decoded(W, f2, g2, 2, NV)
-            x3 = _decoded(W, f2, g2, 3, NV)
-            z = gl.join(gl.join(x0, x1), gl.join(x2, x3))  # [warp, t, word, column, e, r0, r1]
-            z = gl.permute(z, (0, 2, 6, 5, 1, 4, 3))  # [warp, word, r1, r0, t, e, column]
-            b = gl.convert_layout(gl.reshape(z, (WK, KC, BN)), DB, assert_trivial=True)
-            # activations in the same k order: j = 8 word + 4 e + 2 r1 + r0 within lane t's run
-            a = gl.reshape(A, (WK, 16, 4, WPL, 2, 2, 2))  # [warp, row, t, word, e, r1, r0]
-            a = gl.reshape(gl.permute(a, (0, 1, 3, 5, 6, 2, 4)), (WK, 16, KC))  # [.., word, r1, r0, t, e]
-            acc = gl.nvidia.ampere.mma_v2(gl.convert_layout(a, DA), b, acc)
+        if PF == 1:
+            for i in range(steps):  # registers double-buffered: step i + 1's loads fly during step i's math
+                W = w_next
+                S = s_next
+                A = a_next
+                j = gl.minimum(i + 1, steps - 1)
+                w_next = gl.load(w_ptrs + j * (KC // 8))
+                s_next = gl.load(s_ptrs + j * SC)
+                a_next = gl.load(a_ptrs + j * KC, mask=a_mask, other=0.0)
+                acc = _step(acc, W, S, A, NV, WK, WPL, MT)
+        else:  # two steps of weights in flight; steps is even
+            w_odd = gl.load(w_ptrs + KC // 8)
+            s_odd = gl.load(s_ptrs + SC)
+            for i in range(0, steps, 2):
+                W = w_next
+                S = s_next
+                A = a_next
+                j = gl.minimum(i + 2, steps - 1)
+                w_next = gl.load(w_ptrs + j * (KC // 8))
+                s_next = gl.load(s_ptrs + j * SC)
+                a_next = gl.load(a_ptrs + (i + 1) * KC, mask=a_mask, other=0.0)
+                acc = _step(acc, W, S, A, NV, WK, WPL, MT)
+                W = w_odd
+                S = s_odd
+                A = a_next
+                j = gl.minimum(i + 3, steps - 1)
+                w_odd = gl.load(w_ptrs + j * (KC // 8))
+                s_odd = gl.load(s_ptrs + j * SC)
+                a_next = gl.load(a_ptrs + gl.minimum(i + 2, steps - 1) * KC, mask=a_mask, other=0.0)
+                acc = _step(acc, W, S, A, NV, WK, WPL, MT)
         out = gl.sum(acc, axis=0)  # the warps' K slices
         if NV:
             out = out * (gl.load(ts_ptr) * 256.0)
@@ -198,16 +236,31 @@ if gl is not None:
         gl.store(c_ptr + rm * stride_cm + rn, out.to(gl.bfloat16), mask=(rm < M) & (rn < N))
 
 
-def w4a16_mma(a2: torch.Tensor, q: torch.Tensor, s: torch.Tensor, ts: torch.Tensor, c: torch.Tensor, nv: bool):
+def w4a16_mma(
+    a2: torch.Tensor,
+    q: torch.Tensor,
+    s: torch.Tensor,
+    ts: torch.Tensor,
+    c: torch.Tensor,
+    nv: bool,
+    bn: int | None = None,
+    wk: int = WK,
+    wpl: int = WPL,
+    pf: int | None = None,
+):
     """Launch on checked inputs: ``a2`` (M, K) bf16 with unit stride along K, ``q`` (N, K // 2) uint8
     contiguous, ``s`` (N, K // BS) uint8 contiguous, ``ts`` the fp32 tensor scale (NVFP4), ``c`` (M, N)
-    bf16; :func:`supported` must hold."""
+    bf16; :func:`supported` must hold.  ``bn``, ``wk``, ``wpl`` (4 or 8) and ``pf`` (1 or 2 steps of
+    weights in flight; 2 needs an even number of steps) override the defaults, for experiments: K must
+    stay a multiple of ``wk * 32 * wpl``."""
     m, k = a2.shape
     n = q.shape[0]
-    wpl = words_per_lane(m)
+    bn = block_n(m) if bn is None else bn
+    steps = k // (wk * 32 * wpl)
+    pf = (2 if steps % 2 == 0 else 1) if pf is None else pf
     bs = 16 if nv else 32
-    _w4a16_mma_kernel[(triton.cdiv(n, BN),)](
-        a2, q, s, ts, c, m, n, a2.stride(0), c.stride(0), k // 8, k // WK, k // WK // 8, k // bs, k // WK // bs,
-        NV=nv, BN=BN, WK=WK, WPL=wpl, num_warps=WK,
+    _w4a16_mma_kernel[(triton.cdiv(n, bn),)](
+        a2, q, s, ts, c, m, n, a2.stride(0), c.stride(0), k // 8, k // wk, k // wk // 8, k // bs, k // wk // bs,
+        NV=nv, BN=bn, WK=wk, WPL=wpl, MT=8 if m <= 8 else 16, PF=pf, num_warps=wk,
     )  # fmt: skip
     return c

@@ -374,8 +374,8 @@ def test_w4a16_kernel_argument():
     if kernels.INTERPRETER:
         with pytest.raises(ValueError, match="kernel='mma' needs an sm_90 GPU"):
             F.w4a16_matmul(a, w, kernel="mma")
-    with pytest.raises(ValueError, match="K a multiple of 1024"):
-        F.w4a16_matmul(a[:, :512], F.quantize_nvfp4(torch.randn(32, 512, device=DEVICE)), kernel="mma")
+    with pytest.raises(ValueError, match="K a multiple of 512"):
+        F.w4a16_matmul(a[:, :256], F.quantize_nvfp4(torch.randn(32, 256, device=DEVICE)), kernel="mma")
     want = F.w4a16_matmul_reference(a, w)
     got = F.w4a16_matmul(a, w, kernel="dot")
     assert compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name="dot").ok
@@ -396,8 +396,9 @@ names = ["a_ptr", "q_ptr", "s_ptr", "ts_ptr", "c_ptr", "M", "N", "stride_am", "s
 names += ["K8", "KW", "KW8", "KS", "KWS"]
 sig = {name: sig[name] for name in names}
 cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-for nv, wpl in ((True, 8), (False, 4)):
-    ce = dict(NV=nv, BN=W.BN, WK=W.WK, WPL=wpl)
+for nv, m in ((True, 1), (False, 16)):
+    bn = W.block_n(m)
+    ce = dict(NV=nv, BN=bn, WK=W.WK, WPL=W.WPL, MT=8 if m <= 8 else 16, PF=2)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if name not in ("M", "N")}
     src = GluonASTSource(W._w4a16_mma_kernel, {**sig, **{c: "constexpr" for c in ce}}, constexprs=ce, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": W.WK})
@@ -406,7 +407,7 @@ for nv, wpl in ((True, 8), (False, 4)):
         f.flush()
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
         res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
-    print(nv, wpl, "STACK:0" in res, "LOCAL:0" in res, sass.count("HMMA.16816.F32.BF16"), sass.count("LDG.E.128"),
+    print(bn, W.WPL, "STACK:0" in res, "LOCAL:0" in res, sass.count("HMMA.16816.F32.BF16"), sass.count("LDG.E.128"),
           sass.count("STS"), sass.count("LDS"))
 """
 
@@ -426,11 +427,11 @@ def test_w4a16_mma_compiles_for_hopper_without_shared_memory_shuffles():
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.split("\n")[:2]
     for line in lines:
-        nv, wpl, no_stack, no_local, hmma, ldg128, sts, lds = line.split()
+        bn, wpl, no_stack, no_local, hmma, ldg128, sts, lds = line.split()
         assert no_stack == "True" and no_local == "True", line
-        # one K step: (32 WPL / 16) k-slices x (BN / 8) column tiles of m16n8k16, 16 bytes per lane and word quad
-        assert int(hmma) == 32 * int(wpl) // 16 * 32 // 8, line
-        assert int(ldg128) >= 2 * 32 * int(wpl) // 4 // 8, line  # two copies: before the loop and in it
+        # two K steps per loop trip: (32 WPL / 16) k-slices x (BN / 8) column tiles of m16n8k16 each
+        assert int(hmma) == 2 * (32 * int(wpl) // 16) * (int(bn) // 8), line
+        assert int(ldg128) >= 2 * int(bn) // 8, line  # each lane's words of its columns, 16 bytes at a time
         assert int(sts) <= 8 and int(lds) <= 8, line
 
 
