@@ -33,10 +33,11 @@ itself, so the decode can produce the operand's registers directly:
 
 Measured on an H200 (``python -m kernels.bench fp4_w4a16_gemm``, N = K = 8192): about 1.3-1.7x bf16
 ``torch.matmul``, against about 0.75x for the ``tl.dot`` kernel; the bytes would allow about 3.6x.
-Nsight Compute at M = 1 says why the rest is missing: DRAM runs at about a third of its peak while each
-scheduler holds about two warps, each issuing an instruction every 4 cycles.  The kernel waits on the
-latency of its own per-weight integer work (about 4 instructions per weight: decode, scale, operand
-shuffles), not on memory; more warps per SM or fewer instructions per weight are the levers left.
+Nsight Compute at M = 1 says why the rest is missing: DRAM runs at under 40% of its peak while each
+scheduler, holding three to four warps, issues an instruction in about 60% of cycles.  The kernel is
+bound by its own per-weight integer work (about five instructions per weight: decode, scale, operand
+shuffles) and its latency, not by memory; fewer instructions per weight (a weight layout rearranged at
+quantization time) and more independent work per SM are the levers left.
 """
 
 import torch
