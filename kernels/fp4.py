@@ -807,6 +807,8 @@ def w4a16_matmul(
     bs = _check_fp4(w)
     if kernel not in (None, "dot", "mma"):
         raise ValueError(f"kernel must be None, 'dot' or 'mma', got {kernel!r}")
+    if kernel == "mma" and (config is not None or fast is not None):
+        raise ValueError("config and fast choose among the tl.dot kernel's variants; kernel='mma' takes neither")
     if not isinstance(a, torch.Tensor) or a.dtype != torch.bfloat16:
         raise TypeError(f"a must be a bfloat16 tensor of activations, got {getattr(a, 'dtype', type(a))}")
     if w.q.dim() != 2:

@@ -61,7 +61,7 @@ def block_n(m: int) -> int:
     return 16 if m <= 8 else 32
 
 
-def k_multiple(m: int = 1) -> int:
+def k_multiple() -> int:
     """K must be a multiple of this: WK warps, each a whole number of 32 * WPL-wide steps."""
     return WK * 32 * WPL
 

@@ -371,6 +371,8 @@ def test_w4a16_kernel_argument():
     a = torch.randn(1, 1024, device=DEVICE).to(torch.bfloat16)
     with pytest.raises(ValueError, match="kernel must be"):
         F.w4a16_matmul(a, w, kernel="fast")
+    with pytest.raises(ValueError, match="takes neither"):
+        F.w4a16_matmul(a, w, kernel="mma", fast=True)
     if kernels.INTERPRETER:
         with pytest.raises(ValueError, match="kernel='mma' needs an sm_90 GPU"):
             F.w4a16_matmul(a, w, kernel="mma")
