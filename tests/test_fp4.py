@@ -343,7 +343,7 @@ def _awkward_weight(n, k, g):
 @pytest.mark.skipif(kernels.INTERPRETER, reason="the Gluon kernel needs an sm_90 GPU; CPU runs the compile test below")
 @pytest.mark.parametrize("fmt", list(F.FORMATS))
 @pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
-@pytest.mark.parametrize("n,k", [(40, 1024), (96, 3072)])
+@pytest.mark.parametrize("n,k", [(40, 1024), (24, 1536), (96, 3072)])  # 1536: an odd number of K steps
 def test_w4a16_mma_matches_dequantize_then_matmul(fmt, m, n, k):
     g = torch.Generator().manual_seed(m * n + k)
     wq = F.quantize_fp4(_awkward_weight(n, k, g).to(DEVICE), fmt)
