@@ -72,6 +72,8 @@ def supported(a: torch.Tensor, n: int, k: int) -> bool:
     m = a.shape[0]
     if gl is None or a.device.type != "cuda" or not 1 <= m <= MAX_M or n < 1 or k % k_multiple():
         return False
+    # imported here, not at the top: the module must also load on its own, without the kernels package
+    # (which switches Triton to its interpreter on a machine with no GPU), for the sm_90 compile test
     from kernels.device import _cuda_capabilities
 
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
