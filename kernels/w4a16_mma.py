@@ -10,13 +10,15 @@ read, and Triton gets it there by writing the tile to shared memory and reading 
 layout conversion, not the weight bytes, sets the speed.  Gluon lets the kernel choose the layouts
 itself, so the decode can produce the operand's registers directly:
 
-* A CTA holds ``WK`` warps that split K; each warp computes a ``16 x BN`` tile (M padded to 16) with
-  ``mma.m16n8k16`` (bf16 in, fp32 accumulate) and the warps' tiles are summed at the end.  At M <= 8
-  only rows 0-7 of the activation tile are loaded; rows 8-15 are zeros the compiler knows, which costs
-  no registers.
-* In the B operand of ``m16n8k16`` lane ``4n + t`` holds column ``n`` and k values ``2t, 2t + 1,
-  2t + 8, 2t + 9``.  Here lane ``t`` of a column loads ``WPL = 4`` consecutive 32-bit words (32 codes)
-  of that row in one 16-byte load, two K steps ahead of their use.
+* The output is computed transposed, ``C^T = W A^T``: the weights are the *A* operand of ``mma.sync
+  m16n8k16`` (16 output columns per tile) and the activations the *B* operand (8 tokens per tile).  At
+  decode sizes M <= 8, so one n8 tile of tokens holds them all and no tensor-core work or register is
+  spent on padding; the lanes whose token index passes M - 1 read row M - 1 and their outputs are
+  dropped.  A CTA holds ``WK`` warps that split K; each warp computes a ``BN x 8`` (M <= 8) or
+  ``BN x 16`` tile, bf16 in, fp32 accumulate, and the warps' tiles are summed at the end.
+* In the A operand lane ``4g + t`` holds weight rows ``g`` and ``g + 8`` and k values ``2t, 2t + 1,
+  2t + 8, 2t + 9`` of each k16 chunk.  Here lane ``t`` of a row loads ``WPL = 4`` consecutive 32-bit
+  words (32 codes) of that row in one 16-byte load, two K steps ahead of their use.
 * The tensor-core k order need not be the weight's: any permutation of k gives the same dot product if
   the activations are permuted the same way.  The kernel picks the one in which the decode needs no
   data movement: a word ``w`` holds codes ``R`` (bits 4R..4R+3) and ``R + 4`` (bits 16+4R..),
@@ -51,7 +53,7 @@ except ImportError:  # pragma: no cover - the pinned Triton has it
 
 WK = 4  # warps per CTA, splitting K
 WPL = 4  # 32-bit words (8 codes each) a lane loads per column and K step: one 16-byte load
-MAX_M = 16  # one m16 tile of activations
+MAX_M = 16  # two n8 tiles of tokens
 
 
 def block_n(m: int) -> int:
@@ -134,15 +136,13 @@ if gl is not None:
         x2 = _decoded(W, f2, g2, 2, NV)
         x3 = _decoded(W, f2, g2, 3, NV)
         z = gl.join(gl.join(x0, x1), gl.join(x2, x3))  # [warp, t, word, column, e, r0, r1]
-        z = gl.permute(z, (0, 2, 6, 5, 1, 4, 3))  # [warp, word, r1, r0, t, e, column]
-        BN: gl.constexpr = z.shape[6]
-        b = gl.convert_layout(gl.reshape(z, (WK, KC, BN)), gl.DotOperandLayout(1, MMA, 2), assert_trivial=True)
-        if MT == 8:  # rows 8-15 of the m16 tile are zeros known to the compiler: no registers, no loads
-            A = gl.reshape(gl.permute(gl.join(A, gl.zeros_like(A)), (0, 4, 1, 2, 3)), (WK, 16, 4, 8 * WPL))
-        # activations in the same k order: j = 8 word + 4 e + 2 r1 + r0 within lane t's run
-        a = gl.reshape(A, (WK, 16, 4, WPL, 2, 2, 2))  # [warp, row, t, word, e, r1, r0]
-        a = gl.reshape(gl.permute(a, (0, 1, 3, 5, 6, 2, 4)), (WK, 16, KC))  # [.., word, r1, r0, t, e]
-        return gl.nvidia.ampere.mma_v2(gl.convert_layout(a, gl.DotOperandLayout(0, MMA, 2)), b, acc)
+        z = gl.permute(z, (0, 3, 2, 6, 5, 1, 4))  # [warp, column, word, r1, r0, t, e]
+        BN: gl.constexpr = z.shape[1]
+        w = gl.convert_layout(gl.reshape(z, (WK, BN, KC)), gl.DotOperandLayout(0, MMA, 2), assert_trivial=True)
+        # activations [warp, token, t, j] -> [warp, k, token] in the same k order: j = 8 word + 4 e + 2 r1 + r0
+        a = gl.reshape(A, (WK, MT, 4, WPL, 2, 2, 2))  # [warp, token, t, word, e, r1, r0]
+        a = gl.reshape(gl.permute(a, (0, 3, 5, 6, 2, 4, 1)), (WK, KC, MT))  # [.., word, r1, r0, t, e, token]
+        return gl.nvidia.ampere.mma_v2(w, gl.convert_layout(a, gl.DotOperandLayout(1, MMA, 2)), acc)
 
     @gluon.jit
     def _w4a16_mma_kernel(
@@ -164,7 +164,7 @@ if gl is not None:
         BN: gl.constexpr,
         WK: gl.constexpr,
         WPL: gl.constexpr,
-        MT: gl.constexpr,  # rows of activations loaded: 8 (M <= 8) or 16
+        MT: gl.constexpr,  # tokens per tile: 8 (M <= 8) or 16
         PF: gl.constexpr,  # steps of weights in flight beyond the one in use: 1 or 2
     ):
         KC: gl.constexpr = 32 * WPL  # K per warp and step
@@ -194,13 +194,12 @@ if gl is not None:
         ja = gl.arange(0, 8 * WPL, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LA))))[
             None, None, None, :
         ]
-        a_ptrs = a_ptr + ma * stride_am + wka * KW + ta * (8 * WPL) + ja
-        a_mask = (ma < M) & (ja >= 0) & (ta >= 0) & (wka >= 0)
+        a_ptrs = a_ptr + gl.minimum(ma, M - 1) * stride_am + wka * KW + ta * (8 * WPL) + ja
 
-        acc = gl.zeros([WK, 16, BN], gl.float32, MMA)
+        acc = gl.zeros([WK, BN, MT], gl.float32, MMA)
         w_next = gl.load(w_ptrs)
         s_next = gl.load(s_ptrs)
-        a_next = gl.load(a_ptrs, mask=a_mask, other=0.0)
+        a_next = gl.load(a_ptrs)
         if PF == 1:
             for i in range(steps):  # registers double-buffered: step i + 1's loads fly during step i's math
                 W = w_next
@@ -209,7 +208,7 @@ if gl is not None:
                 j = gl.minimum(i + 1, steps - 1)
                 w_next = gl.load(w_ptrs + j * (KC // 8))
                 s_next = gl.load(s_ptrs + j * SC)
-                a_next = gl.load(a_ptrs + j * KC, mask=a_mask, other=0.0)
+                a_next = gl.load(a_ptrs + j * KC)
                 acc = _step(acc, W, S, A, NV, WK, WPL, MT)
         else:  # two steps of weights in flight; steps is even
             w_odd = gl.load(w_ptrs + KC // 8)
@@ -221,7 +220,7 @@ if gl is not None:
                 j = gl.minimum(i + 2, steps - 1)
                 w_next = gl.load(w_ptrs + j * (KC // 8))
                 s_next = gl.load(s_ptrs + j * SC)
-                a_next = gl.load(a_ptrs + (i + 1) * KC, mask=a_mask, other=0.0)
+                a_next = gl.load(a_ptrs + (i + 1) * KC)
                 acc = _step(acc, W, S, A, NV, WK, WPL, MT)
                 W = w_odd
                 S = s_odd
@@ -229,13 +228,13 @@ if gl is not None:
                 j = gl.minimum(i + 3, steps - 1)
                 w_odd = gl.load(w_ptrs + j * (KC // 8))
                 s_odd = gl.load(s_ptrs + j * SC)
-                a_next = gl.load(a_ptrs + gl.minimum(i + 2, steps - 1) * KC, mask=a_mask, other=0.0)
+                a_next = gl.load(a_ptrs + gl.minimum(i + 2, steps - 1) * KC)
                 acc = _step(acc, W, S, A, NV, WK, WPL, MT)
         out = gl.sum(acc, axis=0)  # the warps' K slices
         if NV:
             out = out * (gl.load(ts_ptr) * 256.0)
-        rm = gl.arange(0, 16, layout=gl.SliceLayout(1, LC))[:, None]
-        rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, LC))[None, :]
+        rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, LC))[:, None]
+        rm = gl.arange(0, MT, layout=gl.SliceLayout(0, LC))[None, :]
         gl.store(c_ptr + rm * stride_cm + rn, out.to(gl.bfloat16), mask=(rm < M) & (rn < N))
 
 

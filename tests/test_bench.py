@@ -87,7 +87,7 @@ BASELINES = {
     "fp8_gemm_rowwise": {"torch._scaled_mm rowwise", "torch.matmul bf16"},
     "fp8_gemm_blockwise": {"torch._scaled_mm tensorwise", "torch.matmul bf16"},
     "fp8_linear": {"nn.Linear bf16"},
-    "fp4_w4a16_gemm": {"torch.matmul bf16", "dequantize + torch.matmul", "tl.dot kernel"},
+    "fp4_w4a16_gemm": {"torch.matmul bf16", "dequantize + torch.matmul", "tl.dot kernel", "read the weight bytes"},
     "fp4_quantize": {"device copy"},
     "fp4_quantize_given_scale": {"device copy"},
     "fp4_quantize_mxfp4": {"device copy"},

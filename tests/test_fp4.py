@@ -415,7 +415,7 @@ for nv, m in ((True, 1), (False, 16)):
     start, end = [(t, int(a, 16)) for t, a in loops if t < int(a, 16)][0]  # the K loop: the backward branch
     body = [ins for a, ins in code if start <= a <= end]
     smem = sum(1 for ins in body if re.search(r"\b(STS|LDS|LDSM)\b", ins))
-    print(bn, W.WPL, "STACK:0" in res, "LOCAL:0" in res, sum("HMMA.16816.F32.BF16" in ins for ins in body),
+    print(bn, ce["MT"], W.WPL, "STACK:0" in res, "LOCAL:0" in res, sum("HMMA.16816.F32.BF16" in ins for ins in body),
           sum("LDG.E.128" in ins for ins in body), smem)
 """
 
@@ -435,10 +435,11 @@ def test_w4a16_mma_compiles_for_hopper_without_shared_memory_shuffles():
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.split("\n")[:2]
     for line in lines:
-        bn, wpl, no_stack, no_local, hmma, ldg128, smem = line.split()
+        bn, mt, wpl, no_stack, no_local, hmma, ldg128, smem = line.split()
         assert no_stack == "True" and no_local == "True", line
-        # per loop trip, two K steps of (32 WPL / 16) k-slices x (BN / 8) column tiles of m16n8k16 each
-        assert int(hmma) == 2 * (32 * int(wpl) // 16) * (int(bn) // 8), line
+        # per loop trip, two K steps of (32 WPL / 16) k-slices x (BN / 16) weight-row tiles x (MT / 8) token
+        # tiles of m16n8k16 each: at M <= 8 no tensor-core work goes to padding
+        assert int(hmma) == 2 * (32 * int(wpl) // 16) * (int(bn) // 16) * (int(mt) // 8), line
         assert int(ldg128) >= 2 * int(bn) // 8, line  # each lane's words of its columns, 16 bytes at a time
         assert int(smem) == 0, line  # no shared memory in the K loop: the operands never leave registers
 

@@ -7,9 +7,12 @@ file is all a new benchmark needs.
 """
 
 import importlib
+import itertools
 import pkgutil
 
 import torch
+import triton
+import triton.language as tl
 
 REGISTRY = {}
 
@@ -100,3 +103,35 @@ def copy_baseline(nbytes: int, device="cuda"):
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_(0, 256)
     dst = torch.empty_like(src)
     return lambda: dst.copy_(src)
+
+
+@triton.autotune(
+    configs=[
+        triton.Config({"BLOCK": b, "ITERS": i}, num_warps=4) for b, i in ((512, 2), (1024, 1), (1024, 2), (2048, 1))
+    ],
+    key=["n_words"],
+)
+@triton.jit
+def _read_words(x_ptr, out_ptr, n_words, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    # every word read once, XOR-folded so that the loads cannot be dropped; one word written per program
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in range(ITERS):
+        offs = pid.to(tl.int64) * BLOCK * ITERS + i * BLOCK + tl.arange(0, BLOCK)
+        acc ^= tl.load(x_ptr + offs, mask=offs < n_words, other=0)
+    tl.store(out_ptr + pid, tl.xor_sum(acc, axis=0))
+
+
+def read_baseline(nbytes: int, sets: int = 1, device="cuda"):
+    """A kernel that only reads ``nbytes`` (from one of ``sets`` buffers in turn, like a benchmark that
+    cycles through weight sets to defeat L2) and does no arithmetic on them: the ceiling for a
+    memory-bound kernel that must read the same bytes once, launch and ramp-up included."""
+    words = -(-nbytes // 4)
+    bufs = [torch.randint(-(2**31), 2**31 - 1, (words,), dtype=torch.int32, device=device) for _ in range(sets)]
+    out = torch.empty(words // 512 + 1, dtype=torch.int32, device=device)
+    cycle = itertools.cycle(bufs)
+
+    def run():
+        _read_words[lambda meta: (triton.cdiv(words, meta["BLOCK"] * meta["ITERS"]),)](next(cycle), out, words)
+
+    return run

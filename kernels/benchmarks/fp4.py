@@ -5,7 +5,11 @@ W4A16 (``fp4_w4a16_gemm``): ``M`` in {1, 16}, ``N = K = 8192``, NVFP4 and MXFP4 
 2*M*N*K FLOPs for every contender, so the ratio is a ratio of times.  The baselines are bf16
 ``torch.matmul`` (cuBLAS) with the same activations and a bf16 weight, and dequantize-then-matmul (the
 package's dequantizer to bf16, then ``torch.matmul``); the ``tl.dot`` kernel that the lab builds
-(``kernel="dot"``) is timed beside the default (the Gluon kernel of :mod:`kernels.w4a16_mma`).  One FP4
+(``kernel="dot"``) is timed beside the default (the Gluon kernel of :mod:`kernels.w4a16_mma`).  The last
+baseline, "read the weight bytes", is a kernel that reads as many bytes as the FP4 weight and its scales
+and does nothing else (:func:`kernels.benchmarks.read_baseline`): no W4A16 kernel can beat it, so its
+ratio says how close to the memory ceiling ours runs, and its time against bf16's says what that
+ceiling is worth at this size (launch, ramp-up and tail included, not just bytes over peak bandwidth).  One FP4
 weight is 36 MB (NVFP4) or 34 MB (MXFP4), less than the H200's 60 MB L2, so every contender cycles
 through ``WEIGHT_SETS`` weights per call sequence: each call reads its weight from HBM, as a decode step
 does.  A call takes tens of microseconds, about what Python needs to launch a Triton kernel, so every
@@ -21,7 +25,7 @@ import itertools
 
 import torch
 
-from kernels.benchmarks import benchmark, copy_baseline, graphed, measure
+from kernels.benchmarks import benchmark, copy_baseline, graphed, measure, read_baseline
 
 GEMM_SHAPES = ((1, 8192, 8192), (16, 8192, 8192))
 WEIGHT_SETS = 4  # 4 x 36 MB of FP4 weights (4 x 128 MB of bf16): beyond L2
@@ -55,6 +59,7 @@ def _bench_w4a16():
             bf16 = _rotating([lambda w=w, a=a: torch.matmul(a, w.T) for w in ws])
             deq = _rotating([lambda w=w, a=a: torch.matmul(a, fp4.dequantize_fp4(w, torch.bfloat16).T) for w in wq])
             dot = _rotating([lambda w=w, a=a: fp4.w4a16_matmul(a, w, kernel="dot") for w in wq])
+            read = read_baseline(wq[0].q.numel() + wq[0].s.numel() * wq[0].s.element_size(), WEIGHT_SETS)
             records += measure(
                 "fp4_w4a16_gemm",
                 f"{m}x{n}x{k} {fmt}",
@@ -65,6 +70,7 @@ def _bench_w4a16():
                     "torch.matmul bf16": graphed(bf16, GRAPH_CALLS),
                     "dequantize + torch.matmul": graphed(deq, GRAPH_CALLS),
                     "tl.dot kernel": graphed(dot, GRAPH_CALLS),
+                    "read the weight bytes": graphed(read, GRAPH_CALLS),
                 },
             )
             del wq
