@@ -33,13 +33,17 @@ itself, so the decode can produce the operand's registers directly:
   MXFP4: ``2^(e-127)`` is applied as two bf16 factors ``2^(min(e,128)-1)`` and ``2^(max(e,128)-128)``
   so that every E8M0 exponent, 0 to 254 (and 255, NaN), is exact.
 
-Measured on an H200 (``python -m kernels.bench fp4_w4a16_gemm``, N = K = 8192): about 1.3-1.7x bf16
-``torch.matmul``, against about 0.75x for the ``tl.dot`` kernel; the bytes would allow about 3.6x.
-Nsight Compute at M = 1 says why the rest is missing: DRAM runs at under 40% of its peak while each
-scheduler, holding three to four warps, issues an instruction in about 60% of cycles.  The kernel is
-bound by its own per-weight integer work (about five instructions per weight: decode, scale, operand
-shuffles) and its latency, not by memory; fewer instructions per weight (a weight layout rearranged at
-quantization time) and more independent work per SM are the levers left.
+Measured on an H200 (``python -m kernels.bench fp4_w4a16_gemm``, N = K = 8192): 1.9x bf16 ``torch.matmul``
+at M = 1 and 1.4-1.5x at M = 16, against about 0.75x for the ``tl.dot`` kernel.  The same benchmark times a
+kernel that only reads the weight's bytes: it reaches about 3.0x (NVFP4) to 3.2x (MXFP4) of bf16, not
+the 3.6-3.8x of the byte ratio, because a call this short pays launch and ramp-up in full; this kernel
+runs at about 60% of that ceiling at M = 1 and under 50% at M = 16.  Nsight Compute at M = 1: DRAM
+busy under half of the time, fewer than four warps per scheduler (512 CTAs are less than one wave),
+an instruction issued in 60% of cycles and about six cycles per instruction, mostly waiting on loads.
+The kernel is bound by its own per-weight integer work (about four instructions per weight: decode,
+scale, activation permutation) and by too few loads in flight; at M = 16 the activations also cost
+registers and L2 traffic (each CTA reads all of them).  Levers left: a weight layout rearranged at
+quantization time (fewer instructions per code, no activation permutation) and more loads in flight.
 """
 
 import torch
