@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 import kernels
+from kernels.device import sm_facts
 
 # -- tuning constants ---------------------------------------------------------------------------------
 
@@ -576,11 +577,10 @@ def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6):
     return y.reshape(x.shape), rstd
 
 
-def _bwd_programs(m: int) -> int:
+def _bwd_programs(m: int, device: torch.device) -> int:
     if kernels.INTERPRETER:
         return max(1, min(m, RMSNORM_BWD_PROGRAMS_CPU))
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return max(1, min(m, sms * RMSNORM_BWD_PROGRAMS_PER_SM))
+    return max(1, min(m, sm_facts(device.index)[1] * RMSNORM_BWD_PROGRAMS_PER_SM))
 
 
 def rmsnorm_backward(dy, x, weight, rstd):
@@ -594,7 +594,7 @@ def rmsnorm_backward(dy, x, weight, rstd):
     if m == 0:
         return dx.reshape(x.shape), dw.zero_()
     block = triton.next_power_of_2(n)
-    g = _bwd_programs(m)
+    g = _bwd_programs(m, x.device)
     partial = torch.empty((g, n), dtype=torch.float32, device=x.device)  # (G, N) fp32 partial dW sums
     _rmsnorm_bwd_kernel[(g,)](
         dy2, x2, weight, rstd, dx, partial, m, n, dy2.stride(0), x2.stride(0), dx.stride(0),
@@ -736,7 +736,7 @@ def layernorm_backward(dy, x, weight, mean, rstd):
     if m == 0:
         return dx.reshape(x.shape), dw.zero_(), db.zero_()
     block = triton.next_power_of_2(n)
-    g = _bwd_programs(m)
+    g = _bwd_programs(m, x.device)
     partial = torch.empty((2, g, n), dtype=torch.float32, device=x.device)  # (dW | dB, G, N) fp32
     _layernorm_bwd_kernel[(g,)](
         dy2, x2, weight, mean, rstd, dx, partial[0], partial[1], m, n, dy2.stride(0), x2.stride(0), dx.stride(0),

@@ -50,6 +50,14 @@ def _cuda_capabilities(index: int) -> Capabilities:
     return Capabilities("cuda", torch.cuda.get_device_name(index), cap, fp8, mx)
 
 
+@functools.cache
+def sm_facts(index: int) -> tuple:
+    """(major compute capability, SM count) of CUDA device ``index``: asked once per process, since each
+    ``torch.cuda.get_device_properties`` call costs microseconds of a kernel's host path."""
+    props = torch.cuda.get_device_properties(index)
+    return props.major, props.multi_processor_count
+
+
 def report() -> Capabilities:
     """Print the environment that the numbers below depend on; returns the capabilities."""
     caps = capabilities()

@@ -43,7 +43,6 @@ operands and scales, on a GPU.
 """
 
 import contextlib
-import functools
 
 import numpy as np
 import torch
@@ -51,6 +50,7 @@ import triton
 import triton.language as tl
 
 import kernels
+from kernels.device import sm_facts
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -387,23 +387,15 @@ def tma_ok(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
     return aligned and a.shape[1] % 16 == 0 and (c.shape[1] * c.element_size()) % 16 == 0
 
 
-@functools.cache
-def _sm_facts(index: int) -> tuple:
-    """(major compute capability, SM count) of CUDA device ``index``: asked once per process, since each
-    ``torch.cuda.get_device_properties`` call costs microseconds of a GEMM's host path."""
-    props = torch.cuda.get_device_properties(index)
-    return props.major, props.multi_processor_count
-
-
 def _has_tma(device) -> bool:
     """TMA (the copy engine behind tensor descriptors) exists from Hopper (sm_90) on; the interpreter models it."""
-    return kernels.INTERPRETER or _sm_facts(device.index)[0] >= 9
+    return kernels.INTERPRETER or sm_facts(device.index)[0] >= 9
 
 
 def _num_sms(device) -> int:
     if kernels.INTERPRETER:
         return CPU_PROGRAMS
-    return _sm_facts(device.index)[1]
+    return sm_facts(device.index)[1]
 
 
 def fp8_gemm(
