@@ -61,9 +61,10 @@ MAX_M = 16  # two n8 tiles of tokens
 
 
 def block_n(m: int) -> int:
-    """Weight rows (output columns) per CTA: 16 at M <= 8, where only half of the m16 activation tile is
-    loaded and the registers saved buy more CTAs in flight; 32 above, where each activation tile read
-    from L2 serves twice as many columns."""
+    """Weight rows (output columns) per CTA, one or two m16 tiles: 16 at M <= 8, where the small tile
+    leaves registers for more CTAs in flight (on the H200 1.88x bf16 at M = 1 against 1.75x with 32);
+    32 above, where each CTA's read of all 16 activation rows from L2 serves twice as many weight rows
+    (1.35x against 0.75x with 16 at M = 16)."""
     return 16 if m <= 8 else 32
 
 
