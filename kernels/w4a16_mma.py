@@ -68,6 +68,11 @@ def block_n(m: int) -> int:
     return 16 if m <= 8 else 32
 
 
+def tokens_per_tile(m: int) -> int:
+    """Tokens in the mma's n dimension: one n8 tile at M <= 8, two above."""
+    return 8 if m <= 8 else 16
+
+
 def k_multiple() -> int:
     """K must be a multiple of this: WK warps, each a whole number of 32 * WPL-wide steps."""
     return WK * 32 * WPL
@@ -268,6 +273,6 @@ def w4a16_mma(
     bs = 16 if nv else 32
     _w4a16_mma_kernel[(triton.cdiv(n, bn),)](
         a2, q, s, ts, c, m, n, a2.stride(0), c.stride(0), k // 8, k // wk, k // wk // 8, k // bs, k // wk // bs,
-        NV=nv, BN=bn, WK=wk, WPL=wpl, MT=8 if m <= 8 else 16, PF=pf, num_warps=wk,
+        NV=nv, BN=bn, WK=wk, WPL=wpl, MT=tokens_per_tile(m), PF=pf, num_warps=wk,
     )  # fmt: skip
     return c

@@ -400,7 +400,7 @@ sig = {name: sig[name] for name in names}
 cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 for nv, m in ((True, 1), (False, 16)):
     bn = W.block_n(m)
-    ce = dict(NV=nv, BN=bn, WK=W.WK, WPL=W.WPL, MT=8 if m <= 8 else 16, PF=2)
+    ce = dict(NV=nv, BN=bn, WK=W.WK, WPL=W.WPL, MT=W.tokens_per_tile(m), PF=2)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if name not in ("M", "N")}
     src = GluonASTSource(W._w4a16_mma_kernel, {**sig, **{c: "constexpr" for c in ce}}, constexprs=ce, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": W.WK})
