@@ -85,7 +85,7 @@ BASELINES = {
     "amp_rmsnorm_bwd": {"torch rms_norm backward", "device copy"},
     "fp8_gemm_tensorwise": {"torch._scaled_mm tensorwise", "torch.matmul bf16"},
     "fp8_gemm_rowwise": {"torch._scaled_mm rowwise", "torch.matmul bf16"},
-    "fp8_gemm_blockwise": {"torch._scaled_mm tensorwise", "torch.matmul bf16"},
+    "fp8_gemm_blockwise": {"torch._scaled_mm tensorwise", "torch._scaled_mm blockwise", "torch.matmul bf16"},
     "fp8_linear": {"nn.Linear bf16"},
     "fp4_w4a16_gemm": {"torch.matmul bf16", "dequantize + torch.matmul", "tl.dot kernel", "read the weight bytes"},
     "fp4_quantize": {"device copy"},
