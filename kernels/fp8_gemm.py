@@ -83,7 +83,6 @@ PERSISTENT_CONFIGS = [
     for sub in (False, True)
     if not (sub and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] < 128 * 256)
 ]
-_MAX_TILE = max(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] for c in CONFIGS)  # elements of the largest tile
 V1_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 1}
 # CPU mode: no autotuning (the interpreter would run every config), small tiles, K-steps of 128.
 CPU_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 4}
@@ -316,45 +315,8 @@ _fp8_gemm_tuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "SCALING"
 
 
 @triton.jit
-def _tile_product(
-    a_desc, b_desc, as_ptr, bs_ptr, off_m, off_n, kb_lo, kb_hi, M, N, n_kb,
-    SCALING: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """The fp32 product of one output tile over K-blocks ``[kb_lo, kb_hi)``, operands through TMA."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(kb_lo, kb_hi):
-        a = a_desc.load([off_m, kb * BLOCK_K])  # (BM, BK)
-        b = b_desc.load([off_n, kb * BLOCK_K])  # (BN, BK)
-        if SCALING == 2:
-            part = _mma(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
-            offs_m = off_m + tl.arange(0, BLOCK_M)
-            acc += part * _block_scales(as_ptr, bs_ptr, offs_m, off_n, kb, M, N, n_kb, BLOCK_N)
-        else:
-            acc = _mma(a, b, acc, UPCAST)
-    return acc
-
-
-@triton.jit
-def _store_tile(
-    c_desc, acc, as_ptr, bs_ptr, pid_m, pid_n, M, N,
-    SCALING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
-):  # fmt: skip
-    """Epilogue: row/tensor scales, rounding to the output format, TMA store clipped to the matrix."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c = _epilogue_scale(acc, as_ptr, bs_ptr, offs_m, offs_n, M, N, SCALING).to(c_desc.dtype)
-    if EPILOGUE_SUBTILE:  # columns [0, BN/2) and [BN/2, BN) as two stores
-        c0, c1 = tl.split(tl.permute(tl.reshape(c, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c0)
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], c1)
-    else:
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c)
-
-
-@triton.jit
 def _fp8_gemm_persistent_kernel(
-    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, ws_ptr, count_ptr, M, N, K,
+    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, K,
     SCALING: tl.constexpr, UPCAST: tl.constexpr, NUM_SMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
@@ -365,96 +327,40 @@ def _fp8_gemm_persistent_kernel(
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
     C_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N  # columns per TMA store
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, C_N])
-    pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     n_kb = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
-    # Stream-K tail.  Whole tiles in waves of NUM_SMS leave the last wave short: 2048 tiles on 132 SMs
-    # are 15.5 waves that take the time of 16.  So the tiles of that last wave are not dealt out whole:
-    # their K-blocks are, evenly over the programs, each taking a contiguous run that may start or end
-    # inside a tile (see _stream_k_tail).  Not when the last wave is nearly full (nothing to win), and not
-    # for block scaling, whose fp32 sum of promoted K-blocks is kept in one fixed order.
-    sk_tiles = num_tiles % NUM_SMS
-    if SCALING == 2 or sk_tiles * 4 > NUM_SMS * 3:
-        sk_tiles = 0
-    dp_tiles = num_tiles - sk_tiles
-    # Data-parallel part: program pid walks tiles pid, pid + NUM_SMS, ...; flatten=True lets the compiler
-    # pipeline across tile boundaries (the next tile's loads overlap this tile's epilogue), which is why
-    # the epilogue recomputes its own tile index (tile_id_c) instead of reusing the loop's.
-    tile_id_c = pid - NUM_SMS
-    for tile_id in tl.range(pid, dp_tiles, NUM_SMS, flatten=True):
+    # One program per SM walks tiles start, start + NUM_SMS, ...; flatten=True lets the compiler
+    # pipeline across tile boundaries (the next tile's loads overlap this tile's epilogue), which is
+    # why the epilogue recomputes its own tile index (tile_id_c) instead of reusing the loop's.
+    tile_id_c = tl.program_id(0) - NUM_SMS
+    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
         pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        acc = _tile_product(
-            a_desc, b_desc, as_ptr, bs_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, n_kb, M, N, n_kb,
-            SCALING, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(n_kb):
+            a = a_desc.load([off_m, kb * BLOCK_K])  # (BM, BK)
+            b = b_desc.load([off_n, kb * BLOCK_K])  # (BN, BK)
+            if SCALING == 2:
+                part = _mma(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
+                offs_m = off_m + tl.arange(0, BLOCK_M)
+                acc += part * _block_scales(as_ptr, bs_ptr, offs_m, off_n, kb, M, N, n_kb, BLOCK_N)
+            else:
+                acc = _mma(a, b, acc, UPCAST)
         tile_id_c += NUM_SMS
         pid_m, pid_n = _grouped_tile(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
-        _store_tile(c_desc, acc, as_ptr, bs_ptr, pid_m, pid_n, M, N, SCALING, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
-    if sk_tiles > 0:
-        _stream_k_tail(
-            a_desc, b_desc, c_desc, as_ptr, bs_ptr, ws_ptr, count_ptr, pid, dp_tiles, sk_tiles, num_pid_m,
-            num_pid_n, n_kb, M, N, SCALING, UPCAST, NUM_SMS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SUBTILE,
-        )  # fmt: skip
-
-
-@triton.jit
-def _stream_k_tail(
-    a_desc, b_desc, c_desc, as_ptr, bs_ptr, ws_ptr, count_ptr, pid, dp_tiles, sk_tiles, num_pid_m, num_pid_n,
-    n_kb, M, N,
-    SCALING: tl.constexpr, UPCAST: tl.constexpr, NUM_SMS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EPILOGUE_SUBTILE: tl.constexpr,
-):  # fmt: skip
-    """The last ``sk_tiles`` tiles, split along K over the programs ("Stream-K", Osama et al. 2023).
-
-    Their ``sk_tiles * n_kb`` K-block iterations, in tile order, are cut into ``sk_progs`` contiguous
-    runs of (nearly) equal length, at least half a tile each so that a tile has few contributors.  A run
-    that covers a whole tile stores it as usual.  A run that covers part of one writes its fp32 partial
-    product to slot ``2 * program + (run starts inside the tile)`` of the workspace ``ws_ptr``, then
-    counts itself in ``count_ptr[tile]``; the contributor that arrives last sums every contributor's
-    slot, in program order (so the result does not depend on who came last), and stores the tile.
-    Nobody waits for anybody, so the scheme is also safe where programs run one after another (CPU mode)."""
-    sk_iters = sk_tiles * n_kb
-    sk_progs = tl.minimum(NUM_SMS, tl.maximum(1, sk_iters // tl.maximum(1, n_kb // 2)))
-    if pid < sk_progs:
-        it = pid * sk_iters // sk_progs
-        it_end = (pid + 1) * sk_iters // sk_progs
-        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        while it < it_end:
-            t = it // n_kb
-            kb_lo = it - t * n_kb
-            kb_hi = tl.minimum(n_kb, kb_lo + (it_end - it))
-            pid_m, pid_n = _grouped_tile(dp_tiles + t, num_pid_m, num_pid_n, GROUP_M)
-            acc = _tile_product(
-                a_desc, b_desc, as_ptr, bs_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, kb_lo, kb_hi, M, N, n_kb,
-                SCALING, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
-            if kb_hi - kb_lo == n_kb:
-                _store_tile(
-                    c_desc, acc, as_ptr, bs_ptr, pid_m, pid_n, M, N, SCALING, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE
-                )
-            else:
-                tl.store(ws_ptr + (2 * pid + (kb_lo > 0)) * (BLOCK_M * BLOCK_N) + offs, acc)
-                # Runs are contiguous, so tile t's contributors are the consecutive programs that own its
-                # first and last K-blocks: owner(i) = ((i + 1) * sk_progs - 1) // sk_iters.
-                first = ((t * n_kb + 1) * sk_progs - 1) // sk_iters
-                last = ((t + 1) * n_kb * sk_progs - 1) // sk_iters
-                tl.debug_barrier()  # every thread's partial is written before the count says so
-                if tl.atomic_add(count_ptr + t, 1, sem="acq_rel") == last - first:
-                    tl.debug_barrier()
-                    # The first contributor's run starts at or before the tile's start (slot 2 * first);
-                    # every later one starts inside it (slot 2 * p + 1).
-                    acc = tl.load(ws_ptr + 2 * first * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-                    for p in range(first + 1, last + 1):
-                        acc += tl.load(ws_ptr + (2 * p + 1) * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-                    _store_tile(
-                        c_desc, acc, as_ptr, bs_ptr, pid_m, pid_n, M, N, SCALING, BLOCK_M, BLOCK_N,
-                        EPILOGUE_SUBTILE,
-                    )  # fmt: skip
-                    tl.atomic_xchg(count_ptr + t, 0)  # back to zero: a relaunch on the same buffers starts clean
-            it += kb_hi - kb_lo
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _epilogue_scale(acc, as_ptr, bs_ptr, offs_m, offs_n, M, N, SCALING)
+        c = acc.to(c_ptr.dtype.element_ty)
+        if EPILOGUE_SUBTILE:  # columns [0, BN/2) and [BN/2, BN) as two stores
+            c0, c1 = tl.split(tl.permute(tl.reshape(c, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c0)
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], c1)
+        else:
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c)
 
 
 _fp8_gemm_persistent_tuned = triton.autotune(configs=PERSISTENT_CONFIGS, key=["M", "N", "K", "SCALING", "UPCAST"])(
@@ -520,18 +426,10 @@ def fp8_gemm(
         _tma_allocator()
         sms = _num_sms(a.device)
         meta["NUM_SMS"] = sms
-        # The stream-K tail's workspace (two fp32 tile slots per program) and per-tile arrival counts,
-        # zeroed per call so that GEMMs running at once on different streams never share them.  Block
-        # scaling has no stream-K tail; its kernel is given one-element stand-ins.
-        tile = CPU_CONFIG["BLOCK_M"] * CPU_CONFIG["BLOCK_N"] if kernels.INTERPRETER else _MAX_TILE
-        ws = torch.empty(2 * sms * tile if scaling != "block" else 1, dtype=torch.float32, device=a.device)
-        counts = torch.zeros(sms if scaling != "block" else 1, dtype=torch.int32, device=a.device)
 
-        def grid(cfg):  # every program takes part in the stream-K tail, even when there are fewer tiles
-            tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
-            return (min(sms, tiles) if scaling == "block" else sms,)
+        def grid(cfg):
+            return (min(sms, triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])),)
 
-        args = (a, b, c, a_scale, b_scale, ws, counts, m, n, k)
         if kernels.INTERPRETER:
             _fp8_gemm_persistent_kernel[grid(CPU_CONFIG)](*args, **meta, **CPU_PERSISTENT_CONFIG)
         else:

@@ -103,27 +103,6 @@ def test_blockwise_matches_promoted_reference(kernel):
         _check(c, qa, qb, "block", f"block {kernel} {shape}")
 
 
-# Shapes whose last wave is split along K ("stream-K"), with (programs in CPU mode, M, N, K).  CPU mode's
-# 64x64 tiles: 6 tiles on 4 programs (4 whole, the last 2 split over all 4 programs); 5 tiles on 8
-# programs (all split; runs of 2.5 K-blocks, so some tile has three contributors).  On the GPU, for any
-# tuned tile shape (128x128: 136 tiles, 128x256: 68, 256x128: 72 on 132 SMs), runs of two or three
-# K-blocks, so again three contributors to some tiles.
-STREAM_K_CASES = [(4, 192, 128, 384), (8, 320, 64, 512)] if kernels.INTERPRETER else [(None, 2176, 1024, 640)]
-
-
-@pytest.mark.parametrize("scaling", ["tensor", "row"])
-@pytest.mark.parametrize("case", STREAM_K_CASES, ids=lambda c: "x".join(map(str, c[1:])))
-def test_stream_k_tail(monkeypatch, scaling, case):
-    programs, m, n, k = case
-    if programs is not None:
-        monkeypatch.setattr(G, "CPU_PROGRAMS", programs)
-    qa, qb = _operands(m, n, k, scaling, case="row magnitudes")
-    c = G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling)
-    _check(c, qa, qb, scaling, f"stream-K {scaling} {m}x{n}x{k}")
-    # Partials are summed in program order, whoever arrives last: the same bits every call.
-    assert torch.equal(c, G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling))
-
-
 def test_nan_codes_propagate():
     qa, qb = _operands(64, 32, 128, "row")
     codes = qa.q.view(torch.uint8).clone()
@@ -212,10 +191,8 @@ def triton_cdiv(a, b):
 
 
 def _no_promotion(qa, qb):
-    """One tl.dot chain over all of K (the grouped tensorwise kernel: the persistent one may split a tile's K
-    between programs, which promotes at the split), block scales all 1."""
-    one = torch.ones((), device=DEVICE)
-    return G.fp8_gemm(qa.q, qb.q, one, one, "tensor", kernel="grouped")
+    """One tl.dot chain over all of K (the tensorwise kernel), block scales all 1."""
+    return G.fp8_gemm(qa.q, qb.q, torch.ones((), device=DEVICE), torch.ones((), device=DEVICE), "tensor")
 
 
 def test_promotion_keeps_small_blocks():
