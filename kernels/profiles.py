@@ -32,6 +32,7 @@ PROFILE_DIR = ROOT / "benchmarks" / "profiles"
 # Metric-name prefixes worth keeping from a full Nsight Compute set (a few hundred of its ~2000).
 KEEP = (
     "gpu__time_duration.sum",
+    "sm__cycles_elapsed.avg",
     "launch__",
     "sm__throughput.avg.pct",
     "sm__pipe_tensor",
