@@ -49,28 +49,37 @@ KEEP = (
 GEMM_KERNEL = re.compile(r"gemm|nvjet|cutlass|xmma", re.IGNORECASE)
 
 
-def _fp8_blockwise_contenders() -> dict:
-    """Block-scaled GEMMs (ours and cuBLAS's) and the tensorwise GEMMs that set the target, one shape."""
+def _fp8_contenders(scaling: str, labels) -> dict:
+    """Our GEMM and cuBLAS's with ``scaling``, and the tensorwise ones, at the profile's shape, for ``labels``."""
     from kernels import fp8_gemm as G
     from kernels.benchmarks.fp8 import _operands
 
-    m, n, k = PROFILES["fp8_gemm_blockwise"]["shape"]
-    _, _, qa, qb = _operands(m, n, k, "block")
+    m, n, k = PROFILES[f"fp8_gemm_{WISE[scaling]}"]["shape"]
+    _, _, qa, qb = _operands(m, n, k, scaling)
     _, _, ta, tb = _operands(m, n, k, "tensor")
-    return {
-        "ours blockwise": lambda: G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, "block"),
-        "torch._scaled_mm blockwise": lambda: G.scaled_mm(qa.q, qb.q, qa.s, qb.s, "block"),
+    fns = {
+        f"ours {WISE[scaling]}": lambda: G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling),
+        f"torch._scaled_mm {WISE[scaling]}": lambda: G.scaled_mm(qa.q, qb.q, qa.s, qb.s, scaling),
         "torch._scaled_mm tensorwise": lambda: G.scaled_mm(ta.q, tb.q, ta.s, tb.s, "tensor"),
         "ours tensorwise": lambda: G.fp8_gemm(ta.q, tb.q, ta.s, tb.s, "tensor"),
     }
+    return {label: fns[label] for label in labels}
 
 
+WISE = {"row": "rowwise", "block": "blockwise"}
+_BLOCK = ("ours blockwise", "torch._scaled_mm blockwise", "torch._scaled_mm tensorwise", "ours tensorwise")
+_ROW = ("ours rowwise", "torch._scaled_mm rowwise", "torch._scaled_mm tensorwise")
 # name -> the shape (M, N, K), the contenders' labels in launch order, and what builds them.
 PROFILES = {
     "fp8_gemm_blockwise": {
         "shape": (8192, 8192, 4096),
-        "labels": ("ours blockwise", "torch._scaled_mm blockwise", "torch._scaled_mm tensorwise", "ours tensorwise"),
-        "contenders": _fp8_blockwise_contenders,
+        "labels": _BLOCK,
+        "contenders": lambda: _fp8_contenders("block", _BLOCK),
+    },
+    "fp8_gemm_rowwise": {
+        "shape": (8192, 8192, 4096),
+        "labels": _ROW,
+        "contenders": lambda: _fp8_contenders("row", _ROW),
     },
 }
 
@@ -148,6 +157,59 @@ def save(name: str, report: str, ncu: str = "ncu") -> Path:
     out = PROFILE_DIR / f"{gpu_slug(env['device'])}-{name}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     return out
+
+
+_TO = {"us": {"ns": 1e-3, "us": 1.0, "ms": 1e3}, "KB": {"byte": 1e-3, "Kbyte": 1.0, "Mbyte": 1e3}}
+_FFMA = "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum.per_cycle_elapsed"
+
+
+def _metric(kern: dict, name: str, unit=None) -> float:
+    """A kept metric, converted to ``unit`` ("us" or "KB") from the unit Nsight Compute gave it."""
+    value = kern["metrics"][name]
+    if unit is not None:
+        value *= _TO[unit][kern["units"][name].split("/")[0]]
+    return value
+
+
+def _rows(m: int, n: int) -> list:
+    """(label, value of a kernel's entry, format) for the table of :func:`report`; ``m * n`` outputs."""
+
+    def cycles(kn):
+        return _metric(kn, "sm__cycles_elapsed.avg")
+
+    return [
+        ("time under the profiler (us)", lambda kn: _metric(kn, "gpu__time_duration.sum", "us"), "{:.0f}"),
+        ("SM clock (GHz)", lambda kn: _metric(kn, "sm__cycles_elapsed.avg.per_second"), "{:.2f}"),
+        ("SM cycles (thousands)", lambda kn: cycles(kn) / 1e3, "{:.0f}"),
+        ("threads per CTA", lambda kn: _metric(kn, "launch__block_size"), "{:.0f}"),
+        ("CTAs per cluster", lambda kn: max(1.0, _metric(kn, "launch__cluster_size")), "{:.0f}"),
+        ("shared memory per CTA (KB)", lambda kn: _metric(kn, "launch__shared_mem_per_block_dynamic", "KB"), "{:.0f}"),
+        ("registers per thread", lambda kn: _metric(kn, "launch__registers_per_thread"), "{:.0f}"),
+        (
+            "tensor pipe busy (% of cycles)",
+            lambda kn: _metric(kn, "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed"),
+            "{:.1f}",
+        ),
+        ("fp32 FMAs per output element", lambda kn: _metric(kn, _FFMA) * cycles(kn) / (m * n), "{:.1f}"),
+        ("warp instructions per output element", lambda kn: _metric(kn, "smsp__inst_executed.sum") / (m * n), "{:.2f}"),
+    ]
+
+
+def report(name: str, gpu: str = "nvidia-h200") -> str:
+    """The committed profile ``name`` of ``gpu`` as a table: one column per contender (cuBLAS for
+    ``torch._scaled_mm``), one row per quantity; or one line saying how to make it."""
+    path = PROFILE_DIR / f"{gpu}-{name}.json"
+    if not path.exists():
+        return f"no profile {path.name} yet: the docstring of kernels/profiles.py gives the two commands"
+    doc = json.loads(path.read_text())
+    m, n, _ = (int(v) for v in doc["shape"].split("x"))
+    kerns = doc["kernels"]
+    lines = [f"Nsight Compute {doc['tool'].split()[1]} on {doc['device']}, {doc['shape']}, commit {doc['commit'][:7]}"]
+    lines += [f"  {kn['contender']:<28} {kn['kernel'][:72]}" for kn in kerns]
+    lines.append(f"{'':<38}" + "".join(f"{kn['contender'].replace('torch._scaled_mm', 'cuBLAS'):>18}" for kn in kerns))
+    for label, get, fmt in _rows(m, n):
+        lines.append(f"{label:<38}" + "".join(f"{fmt.format(get(kn)):>18}" for kn in kerns))
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -49,3 +49,20 @@ def test_committed_profiles_name_their_contenders_and_provenance():
         assert [k["contender"] for k in doc["kernels"]] == list(spec["labels"]), path
         assert all(k["metrics"]["gpu__time_duration.sum"] > 0 for k in doc["kernels"]), path
         assert doc["commit"] != "unknown" and doc["device"] and doc["tool"].startswith("Version"), path
+
+
+def test_report_reads_the_committed_profile_or_says_how_to_make_it():
+    text = profiles.report("fp8_gemm_blockwise")
+    if not (profiles.PROFILE_DIR / "nvidia-h200-fp8_gemm_blockwise.json").exists():
+        assert text.startswith("no profile")
+        return
+    lines = text.splitlines()
+    assert lines[0].startswith("Nsight Compute") and "8192x8192x4096" in lines[0]
+    assert "cuBLAS blockwise" in lines[5] and "ours blockwise" in lines[5]
+    busy = next(line for line in lines if line.startswith("tensor pipe busy"))
+    values = [float(v) for v in busy.split(")")[1].split()]
+    assert len(values) == 4 and all(0 < v <= 100 for v in values)
+    # One promotion FMA per output element and 128-wide K-block: 4096 / 128 for both blockwise kernels.
+    ffma = next(line for line in lines if line.startswith("fp32 FMAs per output element")).split()[-4:]
+    assert [float(v) for v in ffma[:2]] == [32.0, 32.0]
+    assert profiles.report("fp8_gemm_rowwise", gpu="no-such-gpu").startswith("no profile")
