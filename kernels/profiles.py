@@ -49,12 +49,12 @@ KEEP = (
 GEMM_KERNEL = re.compile(r"gemm|nvjet|cutlass|xmma", re.IGNORECASE)
 
 
-def _fp8_contenders(scaling: str, labels) -> dict:
-    """Our GEMM and cuBLAS's with ``scaling``, and the tensorwise ones, at the profile's shape, for ``labels``."""
+def _fp8_contenders(scaling: str, shape, labels) -> dict:
+    """Our GEMM and cuBLAS's with ``scaling``, and the tensorwise ones, at ``shape``, for ``labels``."""
     from kernels import fp8_gemm as G
-    from kernels.benchmarks.fp8 import _operands
+    from kernels.benchmarks.fp8 import WISE, _operands
 
-    m, n, k = PROFILES[f"fp8_gemm_{WISE[scaling]}"]["shape"]
+    m, n, k = shape
     _, _, qa, qb = _operands(m, n, k, scaling)
     _, _, ta, tb = _operands(m, n, k, "tensor")
     fns = {
@@ -66,20 +66,17 @@ def _fp8_contenders(scaling: str, labels) -> dict:
     return {label: fns[label] for label in labels}
 
 
-WISE = {"row": "rowwise", "block": "blockwise"}
-_BLOCK = ("ours blockwise", "torch._scaled_mm blockwise", "torch._scaled_mm tensorwise", "ours tensorwise")
-_ROW = ("ours rowwise", "torch._scaled_mm rowwise", "torch._scaled_mm tensorwise")
-# name -> the shape (M, N, K), the contenders' labels in launch order, and what builds them.
+# name -> the shape (M, N, K), the scaling of the GEMMs it explains, and the contenders in launch order.
 PROFILES = {
     "fp8_gemm_blockwise": {
         "shape": (8192, 8192, 4096),
-        "labels": _BLOCK,
-        "contenders": lambda: _fp8_contenders("block", _BLOCK),
+        "scaling": "block",
+        "labels": ("ours blockwise", "torch._scaled_mm blockwise", "torch._scaled_mm tensorwise", "ours tensorwise"),
     },
     "fp8_gemm_rowwise": {
         "shape": (8192, 8192, 4096),
-        "labels": _ROW,
-        "contenders": lambda: _fp8_contenders("row", _ROW),
+        "scaling": "row",
+        "labels": ("ours rowwise", "torch._scaled_mm rowwise", "torch._scaled_mm tensorwise"),
     },
 }
 
@@ -88,9 +85,8 @@ def run(name: str) -> None:
     """Call each contender of profile ``name`` once inside the profiler's window (see the module docstring)."""
     if not torch.cuda.is_available():
         raise SystemExit("kernels.profiles run needs a CUDA GPU (and is meant to run under ncu)")
-    fns = PROFILES[name]["contenders"]()
-    if tuple(fns) != PROFILES[name]["labels"]:
-        raise AssertionError(f"{name}: contenders {list(fns)} do not match the labels {PROFILES[name]['labels']}")
+    spec = PROFILES[name]
+    fns = _fp8_contenders(spec["scaling"], spec["shape"], spec["labels"])
     for fn in fns.values():
         fn()
         fn()
