@@ -19,15 +19,22 @@ without kernels having to avoid them.  What "correct" means was measured, not as
 * e5m2 -> bf16 rebiases the exponent without special cases: inf -> 65536, NaN -> 81920..114688.
 * bf16/fp16 elementwise ops are correctly rounded; NaN results are 0x7FFF; max/min return the
   number when one side is NaN, and max(+0, -0) = +0, min(+0, -0) = -0.
-* ``tl.dot`` accumulates in fp32; tf32 operands are fp32 with the low 13 bits dropped.  Here a dot is
-  computed exactly in float64 and rounded once, which is what an fp32 accumulator approximates.
-  fp8 dots on Hopper accumulate with fewer bits than fp32 by default, so the GPU can differ from this
-  by ~1e-3 of sum|a||b|; the test states the bound it measured.
+* ``tl.dot`` accumulates in fp32; tf32 operands are fp32 with the low 13 bits dropped.  Here a bf16,
+  fp16 or fp32 dot is computed exactly in float64 and rounded once, which is what an fp32
+  accumulator approximates.  An FP8 dot that Triton lowers to ``wgmma`` (tile M a multiple of 64, N
+  of 8, ``num_warps`` a multiple of 4) accumulates as Hopper's FP8 tensor cores do, with 13 fraction
+  bits per 32-element step (:mod:`kernels.hopper_mma`, bit-exact on the recorded dots); smaller
+  tiles go through ``mma.sync`` on fp16-converted operands, which accumulates in fp32.
+* fp32 ``x / y``, ``tl.sqrt``, ``tl.rsqrt``, ``tl.exp``, ``tl.exp2``, ``tl.log`` and ``tl.log2`` are
+  approximate when compiled (``div.full``, the special-function unit, libdevice polynomials); here
+  they give the same bits (:mod:`kernels._hopper_math`), while ``tl.math.div_rn`` and ``tl.sqrt_rn``
+  stay correctly rounded.  fp32 ``tl.fma`` rounds once.
 * Reductions and scans (``tl.sum``, ``tl.max``, ``tl.cumsum``...) of bf16 and fp8 compare and add
   values, not bit patterns; sums are taken in fp32 and rounded once, where the GPU rounds at each
   step of its tree, so such a sum can differ in its last bit.
 """
 
+import threading
 import warnings
 
 import ml_dtypes
@@ -36,6 +43,8 @@ import triton
 import triton.language as tl
 from triton._C.libtriton import ir as _ir
 from triton.runtime import interpreter as _interp
+
+from kernels import _hopper_math, hopper_mma
 
 # The versions whose interpreter this correction was checked against (tests/test_interpreter.py).
 # On 3.6 the casts pass too, but its max/min and dot hooks differ; CPU mode pins 3.8.
@@ -176,6 +185,8 @@ def _unary_op(self, arg, op):
 
 def _create_fma(self, x, y, z):
     fmt = _name(z.dtype)
+    if fmt == "fp32":  # one rounding, as the GPU's FFMA (numpy would round the product first)
+        return _interp.TensorHandle(_hopper_math.fma(x.data, y.data, z.data), z.dtype.scalar)
     if fmt not in ("bf16", "fp16"):
         return _ORIGINAL["create_fma"](self, x, y, z)
     out = _decode(x.data, fmt) * _decode(y.data, fmt) + _decode(z.data, fmt)
@@ -194,6 +205,23 @@ def _create_clampf(self, arg, lo, hi, propagate_nans):
     return _interp.TensorHandle(_encode(out, fmt), arg.dtype.scalar)
 
 
+def _create_fdiv(self, lhs, rhs):
+    if _name(lhs.dtype) == "fp32":  # div.full.f32: x * MUFU.RCP(y), with range scaling
+        return _interp.TensorHandle(_hopper_math.div(lhs.data, rhs.data), lhs.dtype.scalar)
+    return _ORIGINAL["create_fdiv"](self, lhs, rhs)
+
+
+def _approximate(op):
+    def create(self, arg):
+        if _name(arg.dtype) == "fp32":
+            with np.errstate(all="ignore"):
+                return _interp.TensorHandle(_hopper_math.UNARY[op](arg.data), arg.dtype.scalar)
+        return _ORIGINAL[f"create_{op}"](self, arg)
+
+    create.__name__ = f"_create_{op}"
+    return create
+
+
 def _dot_operand(handle, input_precision) -> np.ndarray:
     fmt = _name(handle.dtype)
     if fmt == "fp32" and str(input_precision).lower().endswith("tf32"):
@@ -203,10 +231,29 @@ def _dot_operand(handle, input_precision) -> np.ndarray:
     return _decode(handle.data, fmt)
 
 
+_FP8 = {"fp8e4nv": "e4m3", "fp8e5": "e5m2"}
+_LAUNCH = threading.local()  # the launch's num_warps, which decides the MMA instruction
+
+
+def uses_wgmma(m: int, n: int, num_warps: int) -> bool:
+    """Whether Triton (3.6-3.8, sm_90) lowers an FP8 dot of an (m, n) tile to wgmma (MMAv3): the tile
+    M a multiple of 64, N of 8, and a multiple of 4 warps; otherwise to mma.sync on fp16 operands."""
+    return m % 64 == 0 and n % 8 == 0 and num_warps % 4 == 0
+
+
 def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     fa, fb, fd = _name(a.dtype), _name(b.dtype), _name(d.dtype)
     if fa not in _NUMPY or fb not in _NUMPY or fd not in _NUMPY:
         return _ORIGINAL["create_dot"](self, a, b, d, input_precision, max_num_imprecise_acc)
+    shape = a.data.shape
+    warps = getattr(_LAUNCH, "num_warps", 4)
+    if fa in _FP8 and fb in _FP8 and fd == "fp32" and len(shape) == 2 and uses_wgmma(shape[0], b.data.shape[1], warps):
+        # The interpreter passes 0 for Triton's default, which is 2^30 (never promote) on sm_90.
+        every = None if not max_num_imprecise_acc else int(max_num_imprecise_acc)
+        acc = hopper_mma.fp8_dot(
+            _decode(a.data, fa), _decode(b.data, fb), d.data.astype(np.float32), _FP8[fa], _FP8[fb], every
+        )
+        return _interp.TensorHandle(acc, d.dtype.scalar)
     precision = getattr(input_precision, "name", input_precision)
     # Exact products and sum in float64, one rounding into the accumulator's format.
     acc = np.matmul(_dot_operand(a, precision), _dot_operand(b, precision)) + _decode(d.data, fd)
@@ -221,6 +268,8 @@ _PATCHES = {
     "create_fma": _create_fma,
     "create_clampf": _create_clampf,
     "create_dot": _create_dot,
+    "create_fdiv": _create_fdiv,
+    **{f"create_{op}": _approximate(op) for op in _hopper_math.UNARY},
 }
 
 
@@ -267,6 +316,8 @@ def _scan_cumsum(self, input):
 def _launch_quietly(self, *args, **kwargs):
     # A compiled kernel computes inf * 0 or 1 / 0 without a word; numpy warns about each (in CPU mode
     # that would be stderr output the GPU never prints).  Kernels run with numpy's warnings off.
+    warps = kwargs.get("num_warps")
+    _LAUNCH.num_warps = 4 if warps is None else int(warps)  # Triton's default
     with np.errstate(all="ignore"):
         return _ORIGINAL_OPS["__call__"](self, *args, **kwargs)
 

@@ -280,3 +280,138 @@ def run_all(device, on_error=None) -> dict:
         if res is not None:
             out[key] = res
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Approximate fp32 math: what `/`, tl.sqrt, tl.rsqrt, tl.exp, tl.exp2, tl.log and tl.log2 give compiled
+
+# On sm_90, Triton 3.6 lowers fp32 `x / y` to div.full.f32, tl.sqrt / tl.rsqrt / tl.exp2 to the
+# sqrt / rsqrt / ex2 .approx.ftz instructions, tl.exp to an fp32 multiply by log2(e) and ex2.approx.f32,
+# and tl.log / tl.log2 to libdevice's logf / log2f (an fp32 polynomial).
+APPROX_OPS = ("div", "sqrt", "rsqrt", "exp", "exp2", "log", "log2")
+
+# The special-function unit's instructions, each read directly through inline PTX, over the domain
+# that determines all of its results: a mantissa (rcp), a mantissa and the exponent's parity (sqrt,
+# rsqrt), a 23-bit fixed-point fraction of either sign (ex2).
+MUFU = {
+    "rcp": "rcp.approx.ftz.f32 $0, $1;",
+    "sqrt": "sqrt.approx.ftz.f32 $0, $1;",
+    "rsqrt": "rsqrt.approx.ftz.f32 $0, $1;",
+    "ex2": "ex2.approx.ftz.f32 $0, $1;",
+}
+
+
+@triton.jit
+def _approx_kernel(x_ptr, y_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    if OP == "div":
+        out = x / tl.load(y_ptr + offs, mask=mask)
+    elif OP == "sqrt":
+        out = tl.sqrt(x)
+    elif OP == "rsqrt":
+        out = tl.rsqrt(x)
+    elif OP == "exp":
+        out = tl.exp(x)
+    elif OP == "exp2":
+        out = tl.exp2(x)
+    elif OP == "log":
+        out = tl.log(x)
+    else:
+        out = tl.log2(x)
+    tl.store(out_ptr + offs, out, mask=mask)
+
+
+@triton.jit
+def _mufu_kernel(x_ptr, out_ptr, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    out = tl.inline_asm_elementwise(ASM, "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    tl.store(out_ptr + offs, out, mask=mask)
+
+
+def approx_inputs(seed: int = 3, n: int = 1 << 15):
+    """(x, y) fp32 bit patterns: random bits, values of every magnitude, [-150, 150] (the range where
+    exp2 leaves and re-enters fp32), subnormals, specials, and ``y = 448`` for the FP8 scale ``amax / 448``."""
+    rng = np.random.default_rng(seed)
+
+    def random_bits():
+        return rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+
+    def wide():
+        return (rng.standard_normal(n) * np.exp2(rng.integers(-126, 127, n))).astype(np.float32).view(np.uint32)
+
+    small = rng.uniform(-150, 150, n).astype(np.float32).view(np.uint32)
+    tiny = (rng.standard_normal(n) * np.exp2(rng.integers(-149, -120, n))).astype(np.float32).view(np.uint32)
+    amax = rng.uniform(0, 5e4, n).astype(np.float32).view(np.uint32)
+    specials = np.array(
+        [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x3F800000, 0xBF800000, 0x00800000,
+         0x00000001, 0x7F7FFFFF, 0xFF7FFFFF, 0x7E800000, 0x7F000000, 0x42FE0000, 0xC2FC0000, 0x43000000],
+        dtype=np.uint32,
+    )  # fmt: skip
+    sx, sy = np.meshgrid(specials, specials)
+    x = np.concatenate([random_bits(), wide(), small, tiny, amax, sx.ravel()])
+    y = np.concatenate([random_bits(), wide(), wide(), random_bits(), np.full(n, 448.0, np.float32).view(np.uint32)])
+    y = np.concatenate([y, sy.ravel()])
+    return x, y
+
+
+def approx(x_bits: np.ndarray, y_bits: np.ndarray, op: str, device) -> np.ndarray:
+    """``op`` (one of :data:`APPROX_OPS`) on fp32 inputs, compiled or in CPU mode; returns output bits."""
+    x, y = from_bits(x_bits, "fp32", device), from_bits(y_bits, "fp32", device)
+    out = torch.empty_like(x)
+    _approx_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, out, x.numel(), OP=op, BLOCK=BLOCK)
+    return to_bits(out)
+
+
+def mufu_domain(name: str) -> np.ndarray:
+    """The fp32 inputs whose results fix every result of a special-function instruction."""
+    m = np.arange(1 << 23, dtype=np.uint32)
+    if name == "rcp":
+        return (127 << 23) | m  # [1, 2)
+    if name in ("sqrt", "rsqrt"):
+        return np.concatenate([(127 << 23) | m, (128 << 23) | m])  # [1, 4)
+    fractions = (m.astype(np.float64) / (1 << 23)).astype(np.float32)  # exact: k / 2^23, k < 2^23
+    return (fractions if name == "ex2_pos" else -fractions).view(np.uint32)  # ex2 of either sign
+
+
+MUFU_TABLES = ("rcp", "sqrt", "rsqrt", "ex2_pos", "ex2_neg")
+
+
+def mufu(x_bits: np.ndarray, name: str, device) -> np.ndarray:
+    """One special-function instruction (``MUFU`` key) on fp32 inputs, on a CUDA GPU only."""
+    x = from_bits(x_bits, "fp32", device)
+    out = torch.empty_like(x)
+    asm = MUFU[name.split("_")[0]]
+    _mufu_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), ASM=asm, BLOCK=BLOCK)
+    return to_bits(out)
+
+
+def diff_encode(bits: np.ndarray) -> np.ndarray:
+    """Bit patterns of a monotone table as int64 first value + small steps (compresses ~100x)."""
+    return np.diff(bits.astype(np.int64), prepend=np.int64(0))
+
+
+def diff_decode(steps: np.ndarray) -> np.ndarray:
+    return np.cumsum(steps.astype(np.int64)).astype(np.uint32)
+
+
+def run_approx(device) -> dict:
+    """The approximate-math recording: inputs, each op's output bits, and each instruction's table."""
+    x, y = approx_inputs()
+    out = {"approx_x": x, "approx_y": y}
+    for op in APPROX_OPS:
+        out[f"approx_{op}"] = approx(x, y, op, device)
+    return out
+
+
+def run_mufu_tables(device) -> dict:
+    out = {}
+    for name in MUFU_TABLES:
+        steps = diff_encode(mufu(mufu_domain(name), name, device))
+        small = np.abs(steps[1:]).max() < 127
+        out[f"{name}_first"] = steps[:1]
+        out[f"{name}_steps"] = steps[1:].astype(np.int8 if small else np.int32)
+    return out
