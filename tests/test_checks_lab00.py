@@ -416,3 +416,141 @@ def test_input_set_is_fixed():
     assert (inputs.bits == again.bits).all() and inputs.bits.size == 10273
     assert list(inputs.counts) == ["special", "tie", "neighbour", "random"]
     assert inputs.bits[0] == 0x3F808001  # the first special is the one quoted for truncation
+
+
+# -- right solutions, written the ways different students write them ---------------------------------------
+# ``STUDENT_SOLUTIONS`` mirrors ``WRONG_SOLUTIONS``: per otter question, solutions that are right by the
+# lab's contract but not the lab's own, each differing from it (and from the others) where compiled
+# Triton and the interpreter, or one integer width and another, could disagree.  Every one must pass
+# its check here and get full marks from the lab's otter test (``tests/test_wrong_solutions.py``).
+
+
+def compares_the_dropped_half(b):
+    """q1 without a bias: NaN read off the exponent and mantissa fields, and the dropped low half
+    compared with 0x8000; the carry of 0x7F7F + 1 into 0x7F80 (inf) is an ordinary integer carry."""
+    exponent, mantissa = (b >> 23) & 0xFF, b & 0x7FFFFF
+    upper, dropped = b >> 16, b & 0xFFFF
+    up = (dropped > 0x8000) | ((dropped == 0x8000) & ((upper & 1) == 1))
+    return torch.where((exponent == 0xFF) & (mantissa != 0), 0x7FFF, upper + up.long())
+
+
+def int32_twos_complement(b):
+    """q1 in 32-bit signed arithmetic: the patterns wrap into int32 (negative numbers have the sign bit
+    set), the shift is arithmetic and the result is masked back to 16 bits."""
+    s = b.to(torch.int32)  # values >= 2^31 wrap to negative int32
+    r = ((s + 0x7FFF + ((s >> 16) & 1)) >> 16) & 0xFFFF
+    return torch.where((s & 0x7FFFFFFF) > 0x7F800000, 0x7FFF, r).to(torch.int32)
+
+
+def float64_round_half_even(b):
+    """q1 with float operations: the value in float64, rounded to 8 significant bits (or, below bf16's
+    smallest normal 2^-126, to a multiple of its subnormal step 2^-133) by torch.round, which rounds
+    halves to even; then the bf16 pattern is the top half of the fp32 it lands on."""
+    x = b.to(torch.int32).view(torch.float32).double()
+    mantissa, exponent = torch.frexp(x)  # x = mantissa * 2^exponent, |mantissa| in [0.5, 1)
+    normal = torch.ldexp(torch.round(torch.ldexp(mantissa, torch.full_like(exponent, 8))), exponent - 8)
+    tiny = torch.ldexp(torch.round(torch.ldexp(x, torch.full_like(exponent, 133))), torch.full_like(exponent, -133))
+    r = torch.where(x.abs() < 2.0**-126, tiny, normal)
+    r = torch.where(torch.isinf(x), x, r)  # frexp leaves inf's exponent at 0: keep inf as it is
+    pattern = r.float().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # past bf16's max: fp32 inf
+    return torch.where(torch.isnan(x), 0x7FFF, pattern >> 16)
+
+
+NAN_BF16 = tl.constexpr(0x7FFF)
+ABS_MASK = tl.constexpr(0x7FFFFFFF)
+INF_BITS = tl.constexpr(0x7F800000)
+
+
+@triton.jit
+def _q2_compare_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64 offsets
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)  # no other=: masked lanes are never stored
+    u = x.to(tl.uint32, bitcast=True)
+    upper = u >> 16
+    dropped = u & 0xFFFF
+    up = (dropped > 0x8000) | ((dropped == 0x8000) & ((upper & 1) == 1))
+    out = tl.where((u & ABS_MASK) > INF_BITS, NAN_BF16, upper + up.to(tl.uint32))
+    tl.store(y_ptr + offs, out.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+
+
+def q2_compares_the_dropped_half(x):
+    """Module-level constants declared tl.constexpr, int64 offsets, 256 elements per program, a masked
+    load without other=, and the round-up decided by comparing the dropped half with 0x8000."""
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    n = x.numel()
+    _q2_compare_kernel[(triton.cdiv(n, 256),)](x, y, n, BLOCK=256)
+    return y
+
+
+@triton.jit
+def _q2_int32_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, TILES: tl.constexpr):
+    start = tl.program_id(0) * (BLOCK * TILES)
+    for t in tl.static_range(TILES):  # several blocks per program
+        offs = start + t * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        s = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.int32, bitcast=True)
+        exponent = (s >> 23) & 0xFF  # arithmetic shift, masked: the field whatever the sign
+        mantissa = s & 0x7FFFFF
+        r = (s + 0x7FFF + ((s >> 16) & 1)) >> 16  # arithmetic shift: the low 16 bits are the pattern
+        r = tl.where((exponent == 0xFF) & (mantissa != 0), 0x7FFF, r)
+        tl.store(y_ptr + offs, r.to(tl.int16), mask=mask)  # truncated to 16 bits
+
+
+def q2_int32_bits(x):
+    """Signed int32 patterns and an arithmetic shift, NaN from the fields, four blocks of 128 per
+    program in a static loop, stored as int16 into an int16 view of the bf16 output."""
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    n = x.numel()
+    _q2_int32_kernel[(triton.cdiv(n, 512),)](x, y.view(torch.int16), n, BLOCK=128, TILES=4)
+    return y
+
+
+@triton.jit
+def _q2_uint64_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # a 2-D grid, flattened
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    w = x.to(tl.uint32, bitcast=True).to(tl.uint64)  # room above bit 31: no carry is ever lost
+    rounded = (w + 0x7FFF + ((w >> 16) & 1)) >> 16
+    out = tl.where((w & 0x7FFFFFFF) > 0x7F800000, 0x7FFF, rounded & 0xFFFF)
+    tl.store(y_ptr + offs, out.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+
+
+def q2_uint64_words(x):
+    """The bias-and-shift recipe in 64-bit unsigned integers, on a 2-D grid of 8 columns whose last
+    programs may lie wholly past the end (their lanes are all masked)."""
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    n = x.numel()
+    programs = triton.cdiv(n, 1024)
+    _q2_uint64_kernel[(8, triton.cdiv(programs, 8))](x, y, n, BLOCK=1024)
+    return y
+
+
+STUDENT_SOLUTIONS = {
+    "q1": {
+        "compares the dropped half with 0x8000": compares_the_dropped_half,
+        "int32 two's complement, masked to 16 bits": int32_twos_complement,
+        "float64 frexp and round-half-even": float64_round_half_even,
+    },
+    "q2": {
+        "constexpr constants, int64 offsets, dropped half compared": q2_compares_the_dropped_half,
+        "signed int32, static loop of blocks, int16 view": q2_int32_bits,
+        "uint64 words on a 2-D grid": q2_uint64_words,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "question, name", [(q, name) for q, right in STUDENT_SOLUTIONS.items() for name in right], ids=str
+)
+def test_student_solution_passes(question, name, capsys):
+    assert set(STUDENT_SOLUTIONS) == set(CHECKS)
+    CHECKS[question](STUDENT_SOLUTIONS[question][name])
+    out = capsys.readouterr().out
+    assert out.startswith(f"{question} passed: "), out
+    print(out)

@@ -7,8 +7,10 @@ diagnosis that belongs to another bug.  ``WRONG_SOLUTIONS`` holds them per otter
 through the lab's own otter test); ``DIAGNOSES`` says what each one's message must contain.
 """
 
+import functools
 import importlib.util
 import math
+from fractions import Fraction
 from pathlib import Path
 
 import nbformat
@@ -717,3 +719,356 @@ def test_the_labs_starting_kernel_gets_the_promised_diagnoses(tmp_path):
 
 def test_the_solution_kernel_passes(tmp_path):
     lab01.check_encode(_notebook_kernel(ROOT / "solutions" / "01_formats_encoder.ipynb", tmp_path))
+
+
+# -- right solutions, written the ways different students write them ---------------------------------------
+# ``STUDENT_SOLUTIONS`` mirrors ``WRONG_SOLUTIONS``: per otter question, solutions that are right by the
+# lab's contract but not the lab's own, each differing from it (and from the others) where compiled
+# Triton and the interpreter, integer and float arithmetic, or torch's own dtypes could disagree.  Every
+# one must pass its check here and get full marks from the lab's otter test
+# (``tests/test_wrong_solutions.py``).
+
+
+def decode_by_ldexp(bits, fmt):
+    """q1 from an integer significand: (2^M + m) * 2^(e - bias - M) for normals, m * 2^(1 - bias - M)
+    below, by torch.ldexp in float64 (returned as float64); the specials by fmt.nan's rule."""
+    E, M = fmt.exponent_bits, fmt.mantissa_bits
+    b = bits.long()
+    sign = (b >> (E + M)) & 1 if fmt.signed else torch.zeros_like(b)
+    e = (b >> M) & ((1 << E) - 1)
+    m = b & ((1 << M) - 1)
+    sub = (e == 0) if fmt.has_subnormals else torch.zeros_like(e, dtype=torch.bool)
+    significand = torch.where(sub, m, m + (1 << M))
+    exponent = torch.where(sub, torch.full_like(e, 1 - fmt.bias), e - fmt.bias) - M
+    value = torch.ldexp(significand.double(), exponent.double())
+    value = torch.where(sign == 1, -value, value)
+    magnitude = b & ((1 << (E + M)) - 1)
+    if fmt.nan == "ieee":
+        top = e == (1 << E) - 1
+        value = torch.where(top, torch.where(m == 0, value.sign() * math.inf, math.nan), value)
+    elif fmt.nan == "fn":
+        value = torch.where(magnitude == (1 << (E + M)) - 1, math.nan, value)
+    elif fmt.nan == "fnuz":
+        value = torch.where(b == 1 << (E + M), math.nan, value)  # the pattern of -0
+    return value
+
+
+# The formats torch has a dtype for: (integer dtype of the same width, the float dtype).
+TORCH_VIEWS = {
+    "fp16": (torch.int16, torch.float16),
+    "bf16": (torch.int16, torch.bfloat16),
+    "e4m3fn": (torch.uint8, torch.float8_e4m3fn),
+    "e5m2": (torch.uint8, torch.float8_e5m2),
+    "e4m3fnuz": (torch.uint8, torch.float8_e4m3fnuz),
+    "e5m2fnuz": (torch.uint8, torch.float8_e5m2fnuz),
+    "e8m0": (torch.uint8, torch.float8_e8m0fnu),
+}
+
+
+def decode_by_torch_views(bits, fmt):
+    """q1 by reinterpreting the codes as torch's own dtypes where torch has one (int64 -> int16 wraps
+    codes >= 2^15 into the sign, as the view needs); the FP6/FP4 formats from a table built in Python."""
+    if fmt.name in TORCH_VIEWS:
+        int_dtype, dtype = TORCH_VIEWS[fmt.name]
+        return bits.to(int_dtype).view(dtype).float()
+    E, M = fmt.exponent_bits, fmt.mantissa_bits
+    table = []
+    for c in range(1 << fmt.bits):
+        s, e, m = c >> (E + M), (c >> M) & ((1 << E) - 1), c & ((1 << M) - 1)
+        v = (m / 2**M) * 2.0 ** (1 - fmt.bias) if e == 0 else (1 + m / 2**M) * 2.0 ** (e - fmt.bias)
+        table.append(-v if s else v)
+    return torch.tensor(table, dtype=torch.float32)[bits]
+
+
+@functools.cache
+def _exact_table(fmt) -> torch.Tensor:
+    E, M = fmt.exponent_bits, fmt.mantissa_bits
+    values = []
+    for c in range(1 << fmt.bits):
+        s = (c >> (E + M)) & 1 if fmt.signed else 0
+        e, m = (c >> M) & ((1 << E) - 1), c & ((1 << M) - 1)
+        if e == 0 and fmt.has_subnormals:
+            v = Fraction(m, 2**M) * Fraction(2) ** (1 - fmt.bias)
+        else:
+            v = (1 + Fraction(m, 2**M)) * Fraction(2) ** (e - fmt.bias)
+        v = float(-v if s else v)
+        if s and v == 0:
+            v = -0.0
+        top, magnitude = e == (1 << E) - 1, c & ((1 << (E + M)) - 1)
+        if fmt.nan == "ieee" and top:
+            v = math.copysign(math.inf, -1 if s else 1) if m == 0 else math.nan
+        elif (fmt.nan == "fn" and magnitude == (1 << (E + M)) - 1) or (fmt.nan == "fnuz" and c == 1 << (E + M)):
+            v = math.nan
+        values.append(v)
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def decode_by_exact_table(bits, fmt):
+    """q1 as a lookup: every code decoded once in exact rational arithmetic (fractions.Fraction), the
+    table kept per format, then indexed by the codes."""
+    return _exact_table(fmt)[bits.long()].float()
+
+
+SIGN_MASK = tl.constexpr(0x7FFFFFFF)
+INF_BITS = tl.constexpr(0x7F800000)
+
+
+@triton.jit
+def _encode_bias_kernel(
+    x_ptr, y_ptr, n, M: tl.constexpr, BIAS: tl.constexpr, MAX_F32: tl.constexpr, BLOCK: tl.constexpr
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64 offsets
+    mask = offs < n
+    u = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.uint32, bitcast=True)
+    sign = u >> 31
+    mag = u & SIGN_MASK
+    is_nan = mag > INF_BITS
+    mag = tl.minimum(mag, MAX_F32)  # clip first (inf too): the largest value rounds to itself
+    e32 = (mag >> 23).to(tl.int32)
+    e = e32 - 127 + BIAS
+    e1 = tl.maximum(e, 1)
+    sig = tl.where(e32 == 0, mag, (mag & 0x7FFFFF) | 0x800000)
+    shift = tl.minimum((23 - M) + (e1 - e), 26)  # 26 or more: 2^25 is past any significand, all round to 0
+    lsb = (sig >> shift) & 1
+    rounded = (sig + ((1 << (shift - 1)) - 1) + lsb) >> shift  # Lab 0's bias: half - 1 + lsb
+    code = ((e1 - 1) << M) + rounded  # a carry out of the mantissa moves into the exponent
+    out = tl.where(is_nan, 0x7F, code | (sign << 7))
+    tl.store(y_ptr + offs, out.to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _encode_float_kernel(
+    x_ptr, y_ptr, n, M: tl.constexpr, BIAS: tl.constexpr, MAX_VAL: tl.constexpr, SUB_SCALE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)  # no other=: masked lanes are never stored
+    sign = x.to(tl.uint32, bitcast=True) >> 31
+    a = tl.abs(x)
+    a = tl.where(a < MAX_VAL, a, MAX_VAL)  # clips overflow and inf; NaN too, but NaN is decided below
+    exp2 = (a.to(tl.uint32, bitcast=True) >> 23).to(tl.int32) - 127  # floor(log2 a) for a normal a
+    exp2 = tl.maximum(exp2, 1 - BIAS)  # below the normal range the spacing stays that of the lowest binade
+    # Adding 2^(exp2 - M + 23) makes the fp32 sum's last place 2^(exp2 - M), the target's spacing: the
+    # addition rounds to nearest even there, and subtracting it again is exact.
+    magic = ((exp2 - M + 23 + 127) << 23).to(tl.float32, bitcast=True)
+    r = (a + magic) - magic
+    rb = r.to(tl.uint32, bitcast=True)
+    field = (rb >> 23).to(tl.int32) - 127 + BIAS
+    normal = (field << M) | ((rb >> (23 - M)) & ((1 << M) - 1)).to(tl.int32)
+    subnormal = (r * SUB_SCALE).to(tl.int32)  # r / 2^(1 - BIAS - M): an integer, exactly
+    code = tl.where(field >= 1, normal, subnormal)
+    out = tl.where(x != x, 0x7F, code | (sign << 7).to(tl.int32))
+    tl.store(y_ptr + offs, out.to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _encode_tiles_kernel(
+    x_ptr, y_ptr, n, M: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.constexpr, BLOCK: tl.constexpr,
+    TILES: tl.constexpr,
+):  # fmt: skip
+    for t in tl.static_range(TILES):  # several blocks per program
+        offs = (tl.program_id(0) * TILES + t) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        u = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.uint32, bitcast=True)
+        sign = u >> 31
+        mag = u & 0x7FFFFFFF
+        e = (mag >> 23).to(tl.int32) - 127 + BIAS
+        sig = (mag & 0x7FFFFF) | 0x800000
+        shift = tl.where(e >= 1, 23 - M, 24 - M - e)
+        gone = shift > 24  # 2^24 > sig: rounds to 0; a shift past 31 would be undefined on the GPU
+        s = tl.where(gone, 24, shift)
+        kept = sig >> s
+        rest = sig - (kept << s)
+        up = (rest + (kept & 1)) > (1 << (s - 1))  # above half, or exactly half with an odd kept part
+        kept = tl.where(gone, 0, kept + up.to(tl.uint32))
+        code = tl.where(e >= 1, (e << M) + kept.to(tl.int32) - (1 << M), kept.to(tl.int32))
+        code = tl.minimum(code, MAX_CODE)  # saturate after rounding: inf's huge code too
+        out = tl.where(mag > 0x7F800000, 0x7F, code | (sign << 7).to(tl.int32))
+        tl.store(y_ptr + offs, out.to(tl.uint8).to(y_ptr.dtype.element_ty, bitcast=True), mask=mask)
+
+
+ENCODER_PARAMS = {
+    "e4m3fn": dict(M=3, BIAS=7, MAX_F32=0x43E00000, MAX_VAL=448.0, MAX_CODE=0x7E, SUB_SCALE=2.0**9),
+    "e5m2": dict(M=2, BIAS=15, MAX_F32=0x47600000, MAX_VAL=57344.0, MAX_CODE=0x7B, SUB_SCALE=2.0**16),
+}
+
+
+def encode_clip_then_bias(x, fmt):
+    """q2 as Lab 0's rounding: |x|'s pattern clipped to the largest value first, then half - 1 + lsb added
+    and shifted; module constants declared tl.constexpr; int64 offsets; 512 elements per program."""
+    p = ENCODER_PARAMS[fmt]
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=formats.TORCH_DTYPES[fmt], device=x.device)
+    n = x.numel()
+    _encode_bias_kernel[(triton.cdiv(n, 512),)](
+        x, y.view(torch.uint8), n, M=p["M"], BIAS=p["BIAS"], MAX_F32=p["MAX_F32"], BLOCK=512
+    )
+    return y
+
+
+def encode_with_float_ops(x, fmt):
+    """q2 with float operations: the fp32 addition of a power of two rounds |x| onto the format's grid
+    (nearest even), and the code is read off the rounded value's bits; NaN tested as x != x."""
+    p = ENCODER_PARAMS[fmt]
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=formats.TORCH_DTYPES[fmt], device=x.device)
+    n = x.numel()
+    _encode_float_kernel[(triton.cdiv(n, 1024),)](
+        x, y.view(torch.uint8), n, M=p["M"], BIAS=p["BIAS"], MAX_VAL=p["MAX_VAL"], SUB_SCALE=p["SUB_SCALE"],
+        BLOCK=1024,
+    )  # fmt: skip
+    return y
+
+
+def encode_tiles_guarded_shift(x, fmt):
+    """q2 close to the stub's layout: four blocks of 256 per program in a static loop, the round-up as
+    rest + lsb > half, shifts past 24 replaced by tl.where rather than clamped, stored through the
+    float8 pointer itself (a bitcast to its element type)."""
+    p = ENCODER_PARAMS[fmt]
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=formats.TORCH_DTYPES[fmt], device=x.device)
+    n = x.numel()
+    _encode_tiles_kernel[(triton.cdiv(n, 1024),)](
+        x, y, n, M=p["M"], BIAS=p["BIAS"], MAX_CODE=p["MAX_CODE"], BLOCK=256, TILES=4
+    )
+    return y
+
+
+def properties_by_formula(fmt):
+    """q3 from the fields, no decoding: the largest exponent and mantissa the NaN policy leaves to numbers."""
+    E, M, bias = fmt.exponent_bits, fmt.mantissa_bits, fmt.bias
+    top_e, top_m = (1 << E) - 1, (1 << M) - 1
+    if fmt.nan == "ieee":
+        top_e -= 1  # the all-ones exponent is inf and NaN
+    elif fmt.nan == "fn":  # the all-ones magnitude is NaN: one code below it
+        if M:
+            top_m -= 1
+        else:
+            top_e -= 1
+    return {
+        "max_finite": (1 + top_m / 2**M) * 2.0 ** (top_e - bias),
+        "min_normal": 2.0 ** ((1 if fmt.has_subnormals else 0) - bias),
+        "min_subnormal": 2.0 ** (1 - bias - M) if fmt.has_subnormals else None,
+        "epsilon": 2.0**-M,
+        "has_inf": fmt.nan == "ieee",
+        "has_nan": fmt.nan != "none",
+    }
+
+
+def properties_from_a_few_codes(fmt):
+    """q3 decoding only the codes it needs for the small values (the first normal, code 1, the code
+    after 1.0), the rest from all codes with numpy; numpy floats and numpy bools come back."""
+    M = fmt.mantissa_bits
+    v = formats.decode(formats.all_codes(fmt), fmt).double().numpy()
+    one = fmt.bias << M  # exponent field = bias, mantissa 0
+    return {
+        "max_finite": np.max(v[np.isfinite(v)]),
+        "min_normal": v[1 << M] if fmt.has_subnormals else v[0],
+        "min_subnormal": v[1] if fmt.has_subnormals else None,
+        "epsilon": v[one + 1] - v[one],
+        "has_inf": np.isinf(v).any(),
+        "has_nan": np.isnan(v).any(),
+    }
+
+
+def properties_from_the_gaps(fmt):
+    """q3 from the sorted positive values alone: the subnormals and the first normal binade share the
+    smallest gap, so the first value after which the gap grows is twice the smallest normal."""
+    values = formats.decode(formats.all_codes(fmt), fmt).tolist()
+    finite = [v for v in values if math.isfinite(v)]
+    pos = sorted({v for v in finite if v > 0})
+    if fmt.has_subnormals:
+        gaps = [b - a for a, b in zip(pos, pos[1:], strict=False)]
+        first_wider = next(i for i, g in enumerate(gaps) if g > gaps[0])
+        min_normal, min_sub = pos[first_wider] / 2, pos[0]
+    else:
+        min_normal, min_sub = pos[0], None
+    return {
+        "max_finite": max(finite),
+        "min_normal": min_normal,
+        "min_subnormal": min_sub,
+        "epsilon": min(v for v in finite if v > 1) - 1,
+        "has_inf": any(math.isinf(v) for v in values),
+        "has_nan": any(math.isnan(v) for v in values),
+    }
+
+
+def fnuz_vs_ocp_by_bits(ocp, fnuz):
+    """q4 comparing float64 bit patterns (NaN made canonical first, so -0 and +0 differ by their bits);
+    two tensors come back."""
+    codes = torch.arange(256)
+    a, b = formats.decode(codes, ocp).double(), formats.decode(codes, fnuz).double()
+
+    def pattern(v):
+        return torch.where(v.isnan(), torch.full_like(v, math.nan), v).view(torch.int64)
+
+    differ = torch.nonzero(pattern(a) != pattern(b)).ravel()
+    return differ, differ[~(b == a / 2)[differ]]
+
+
+def fnuz_vs_ocp_in_python(ocp, fnuz):
+    """q4 one byte at a time with math.isnan and math.copysign; two sets come back."""
+    a = formats.decode(torch.arange(256), ocp).tolist()
+    b = formats.decode(torch.arange(256), fnuz).tolist()
+    differ, not_halved = set(), set()
+    for code, (x, y) in enumerate(zip(a, b, strict=True)):
+        same = (math.isnan(x) and math.isnan(y)) or (x == y and math.copysign(1, x) == math.copysign(1, y))
+        if not same:
+            differ.add(code)
+            if not y == x / 2:
+                not_halved.add(code)
+    return differ, not_halved
+
+
+def fnuz_vs_ocp_torch_dtypes(ocp, fnuz):
+    """q4 with torch's own float8 dtypes instead of a decoder, compared in numpy; lists of numpy ints."""
+    byte = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    a = byte.view(formats.TORCH_DTYPES[ocp.name]).double().numpy()
+    b = byte.view(formats.TORCH_DTYPES[fnuz.name]).double().numpy()
+    with np.errstate(invalid="ignore"):
+        same = (np.isnan(a) & np.isnan(b)) | ((a == b) & (np.signbit(a) == np.signbit(b)))
+        halved = b == a / 2
+    differ = np.flatnonzero(~same)
+    return list(differ), list(differ[~halved[differ]])
+
+
+STUDENT_SOLUTIONS = {
+    "q1": {
+        "integer significand and torch.ldexp, float64 out": decode_by_ldexp,
+        "torch's dtypes by view, a Python table for FP6/FP4": decode_by_torch_views,
+        "exact Fraction table per format": decode_by_exact_table,
+    },
+    "q2": {
+        "clip the pattern, then Lab 0's bias; constexpr constants, int64 offsets": encode_clip_then_bias,
+        "float ops: a power-of-two addition rounds": encode_with_float_ops,
+        "static loop of tiles, guarded shifts, float8 pointer": encode_tiles_guarded_shift,
+    },
+    "q3": {
+        "by formula from the fields": properties_by_formula,
+        "a few codes decoded, numpy types": properties_from_a_few_codes,
+        "smallest normal from where the gaps grow": properties_from_the_gaps,
+    },
+    "q4": {
+        "float64 bit patterns compared, tensors": fnuz_vs_ocp_by_bits,
+        "a Python loop with math, sets": fnuz_vs_ocp_in_python,
+        "torch's float8 dtypes and numpy": fnuz_vs_ocp_torch_dtypes,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "question, name", [(q, name) for q, right in STUDENT_SOLUTIONS.items() for name in right], ids=str
+)
+def test_student_solution_passes(question, name, capsys):
+    assert set(STUDENT_SOLUTIONS) == set(CHECKS)
+    CHECKS[question](STUDENT_SOLUTIONS[question][name])
+    out = capsys.readouterr().out
+    assert out.startswith(f"{question} passed: "), out
+    print(out)
+
+
+@pytest.mark.parametrize("name", list(STUDENT_SOLUTIONS["q2"]))
+def test_student_encoders_agree_with_the_package_on_the_sweep(name, capsys):
+    lab01.check_same_as_package(STUDENT_SOLUTIONS["q2"][name])
+    assert capsys.readouterr().out.startswith("same bits as kernels.formats.encode")

@@ -14,6 +14,8 @@ import nbformat
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels
 from kernels import accumulate, formats, hazards, stochastic
@@ -287,3 +289,511 @@ def test_lab_starting_point_gets_its_diagnosis(lab_namespace, question):
     assert not isinstance(info.value, ExerciseNotDone)
     for phrase in phrases:
         assert phrase in message, f"{question}: {phrase!r} missing from:\n{message}"
+
+
+# -- right solutions, written the ways different students write them ---------------------------------------
+# ``STUDENT_SOLUTIONS`` mirrors ``WRONG_SOLUTIONS``: per otter question, kernels that are right by the
+# lab's contract but not the lab's own, each differing from it (and from the others) where compiled
+# Triton and the interpreter could disagree: other random bits, float instead of integer arithmetic,
+# other reductions, masks, tiles and loops.  Every one must pass its check here and get full marks from
+# the lab's otter test (``tests/test_wrong_solutions.py``).
+
+SR_TARGETS = {  # what the q1 kernels need to know about each target, as the lab's host function has it
+    "bf16": dict(M=7, BIAS=127, MAX_F32=0x7F7F0000, NAN_CODE=0x7FFF, SIGN_SHIFT=15, SATURATE=False),
+    "e4m3fn": dict(M=3, BIAS=7, MAX_F32=0x43E00000, NAN_CODE=0x7F, SIGN_SHIFT=7, SATURATE=True),
+}
+SR_BITS = {"bf16": torch.int16, "e4m3fn": torch.uint8}
+
+
+@triton.jit
+def _sr_wide_noise_kernel(
+    x_ptr, y_ptr, n, seed, M: tl.constexpr, BIAS: tl.constexpr, MAX_F32: tl.constexpr, NAN_CODE: tl.constexpr,
+    SIGN_SHIFT: tl.constexpr, SATURATE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # int32: the Philox counters
+    offs = idx.to(tl.int64)  # int64 addresses
+    mask = offs < n
+    u = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.uint32, bitcast=True)
+    r0, r1, _, _ = tl.randint4x(seed, idx)  # two 32-bit words make 64 random bits
+    noise = (r0.to(tl.uint32, bitcast=True).to(tl.uint64) << 32) | r1.to(tl.uint32, bitcast=True).to(tl.uint64)
+    sign = u >> 31
+    mag = u & 0x7FFFFFFF
+    nan = mag > 0x7F800000
+    if SATURATE:
+        mag = tl.minimum(mag, MAX_F32)
+    e32 = (mag >> 23).to(tl.int32)
+    e = tl.maximum(e32, 1) - (127 - BIAS)  # the target's exponent field, if it is normal there
+    normal = e >= 1
+    sig = tl.where(e32 == 0, mag, (mag & 0x7FFFFF) | 0x800000)
+    v = tl.where(normal, mag - ((127 - BIAS) << 23), sig).to(tl.uint64)  # normal: the pattern rebased
+    d = tl.where(normal, 23 - M, 24 - M - e)  # bits dropped
+    # The TOP d bits of the 64 as the noise; past 56 dropped bits the chance of a carry is below 2^-32:
+    # truncate there.
+    keep = d <= 56
+    dd = tl.where(keep, d, 56).to(tl.uint64)
+    code = tl.where(keep, (v + (noise >> (64 - dd))) >> dd, 0)
+    out = tl.where(nan, NAN_CODE, code.to(tl.uint32) | (sign << SIGN_SHIFT))
+    tl.store(y_ptr + offs, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sr_uniform_kernel(
+    x_ptr, y_ptr, n, seed, M: tl.constexpr, BIAS: tl.constexpr, MAX_F32: tl.constexpr, NAN_CODE: tl.constexpr,
+    SIGN_SHIFT: tl.constexpr, SATURATE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    u = x.to(tl.uint32, bitcast=True)
+    sign = u >> 31
+    mag = u & 0x7FFFFFFF
+    if SATURATE:
+        mag = tl.where(mag > MAX_F32, MAX_F32, mag)  # inf too; NaN is decided on x below
+    e32 = (mag >> 23).to(tl.int32)
+    e = tl.maximum(e32, 1) - (127 - BIAS)
+    normal = e >= 1
+    v = tl.where(normal, mag - ((127 - BIAS) << 23), tl.where(e32 == 0, mag, (mag & 0x7FFFFF) | 0x800000))
+    d = tl.where(normal, 23 - M, 24 - M - e)
+    dc = tl.minimum(d, 31)  # from 24 on every bit of v is dropped anyway
+    kept = v >> dc
+    low = v - (kept << dc)  # the dropped part, an integer below 2^24
+    two_to_minus_d = ((127 - tl.minimum(d, 126)) << 23).to(tl.float32, bitcast=True)
+    frac = low.to(tl.float32) * two_to_minus_d  # (x - lo) / (hi - lo), exactly
+    up = tl.rand(seed, offs) < frac  # a uniform float in [0, 1) against the fraction
+    code = kept + up.to(tl.uint32)
+    out = tl.where(x != x, NAN_CODE, code | (sign << SIGN_SHIFT))
+    tl.store(y_ptr + offs, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _sr_launcher(kernel, block):
+    def stochastic_round(x, fmt, seed):
+        x = x.contiguous()
+        y = torch.empty(x.shape, dtype=formats.TORCH_DTYPES[fmt], device=x.device)
+        n = x.numel()
+        if n:
+            kernel[(triton.cdiv(n, block),)](x, y.view(SR_BITS[fmt]), n, seed, **SR_TARGETS[fmt], BLOCK=block)
+        return y
+
+    return stochastic_round
+
+
+ACC_TYPES = {"fp16": tl.float16, "bf16": tl.bfloat16, "fp32": tl.float32}
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _dot_neumaier_kernel(a_ptr, b_ptr, out_ptr, K, ACC: tl.constexpr, COMPENSATED: tl.constexpr, LANES: tl.constexpr):
+    row = tl.program_id(0)
+    lanes = tl.arange(0, LANES)
+    s = tl.zeros((LANES,), dtype=ACC)
+    c = tl.zeros((LANES,), dtype=ACC)
+    pa = a_ptr + row * K + lanes
+    pb = b_ptr + row * K + lanes
+    for k0 in range(0, K, LANES):
+        inside = k0 + lanes < K
+        x = tl.load(pa, mask=inside)
+        y = tl.load(pb, mask=inside)
+        p = tl.where(inside, x.to(tl.float32) * y.to(tl.float32), 0.0).to(ACC)
+        if COMPENSATED:  # Neumaier: what the addition lost, from whichever operand is the larger
+            t = s + p
+            c += tl.where(tl.abs(s) >= tl.abs(p), (s - t) + p, (p - t) + s)
+            s = t
+        else:
+            s += p
+        pa += LANES
+        pb += LANES
+    total = s.to(tl.float32)
+    if COMPENSATED:
+        total += c.to(tl.float32)
+    tl.store(out_ptr + row, tl.reduce(total, 0, _add))
+
+
+def dot_neumaier(a, b, acc="fp32", compensated=False):
+    """q2 one row per program, 16 lanes as a vector, pointers advanced each step, masked lanes zeroed
+    with tl.where; compensation by Neumaier's variant of Kahan (the lost part summed apart, added at the
+    end); the lanes summed by tl.reduce with a combine function; FP fusion left on."""
+    a, b = a.contiguous(), b.contiguous()
+    M, K = a.shape
+    out = torch.empty(M, dtype=torch.float32, device=a.device)
+    _dot_neumaier_kernel[(M,)](a, b, out, K, ACC=ACC_TYPES[acc], COMPENSATED=compensated, LANES=16)
+    return out
+
+
+@triton.jit
+def _dot_kahan_tree_kernel(
+    a_ptr, b_ptr, out_ptr, M, K, ACC: tl.constexpr, COMPENSATED: tl.constexpr, ROWS: tl.constexpr,
+    LANES: tl.constexpr, LOG2_LANES: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    base = rows.to(tl.int64)[:, None] * K  # int64 row offsets
+    lanes = tl.arange(0, LANES)
+    s = tl.zeros((ROWS, LANES), dtype=ACC)
+    lost = tl.zeros((ROWS, LANES), dtype=ACC)  # what the running sums lost so far, to be added back
+    for k0 in range(0, K, LANES):
+        cols = k0 + lanes[None, :]
+        mask = (rows[:, None] < M) & (cols < K)
+        a = tl.load(a_ptr + base + cols, mask=mask, other=0.0)
+        b = tl.load(b_ptr + base + cols, mask=mask, other=0.0)
+        p = (a.to(tl.float32) * b.to(tl.float32)).to(ACC)
+        if COMPENSATED:
+            y = p + lost
+            t = s + y
+            lost = y - (t - s)
+            s = t
+        else:
+            s = s + p
+    total = s.to(tl.float32)
+    if COMPENSATED:
+        total = total + lost.to(tl.float32)
+    for i in tl.static_range(LOG2_LANES):  # the lanes folded pairwise
+        lo, hi = tl.split(tl.reshape(total, (ROWS, LANES >> (i + 1), 2)))
+        total = lo + hi
+    tl.store(out_ptr + rows, tl.reshape(total, (ROWS,)), mask=rows < M)
+
+
+def dot_kahan_tree(a, b, acc="fp32", compensated=False):
+    """q2 on tiles of 4 rows, int64 row offsets, Kahan with the compensation kept as what was lost
+    (added to the next product, lost = y - (t - s)), the lanes folded by a tree of tl.split."""
+    a, b = a.contiguous(), b.contiguous()
+    M, K = a.shape
+    out = torch.empty(M, dtype=torch.float32, device=a.device)
+    _dot_kahan_tree_kernel[(triton.cdiv(M, 4),)](
+        a, b, out, M, K, ACC=ACC_TYPES[acc], COMPENSATED=compensated, ROWS=4, LANES=16, LOG2_LANES=4,
+        enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _fp8_flat_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, scale, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):  # one loop over K; a promotion wherever a chunk ends
+        ks = k + rk
+        a = tl.load(a_ptr + rm[:, None] * K + ks[None, :], mask=rm[:, None] < M, other=0.0)
+        b = tl.load(b_ptr + ks[:, None] * N + rn[None, :], mask=rn[None, :] < N, other=0.0)
+        part = tl.dot(a, b, part)
+        flush = (k + BLOCK_K) % CHUNK == 0
+        acc = tl.where(flush, acc + part * scale, acc)
+        part = tl.where(flush, 0.0, part)
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _fp8_pointer_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, scale, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # the grid's first axis runs along N
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None] * K + rk[None, :]
+    b_ptrs = b_ptr + rk[:, None] * N + rn[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K, CHUNK):
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for _ in tl.static_range(0, CHUNK, BLOCK_K):  # the chunk's dots, unrolled
+            a = tl.load(a_ptrs, mask=rm[:, None] < M, other=0.0)
+            b = tl.load(b_ptrs, mask=rn[None, :] < N, other=0.0)
+            part = tl.dot(a, b, part)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K * N
+        acc += scale * part
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def _fp8_launcher(kernel, block_m, block_n, n_first):
+    def fp8_matmul(a, b, promote_every=None, scale=1.0):
+        M, K = a.shape
+        N = b.shape[1]
+        chunk = promote_every or -(-K // 32) * 32
+        kp = -(-K // chunk) * chunk
+        if kp != K:  # zero products to a whole number of chunks
+            a = torch.nn.functional.pad(a.view(torch.uint8), (0, kp - K)).view(torch.float8_e4m3fn)
+            b = torch.nn.functional.pad(b.view(torch.uint8), (0, 0, 0, kp - K)).view(torch.float8_e4m3fn)
+        c = torch.empty((M, N), dtype=torch.float32, device=a.device)
+        tiles = (
+            (triton.cdiv(N, block_n), triton.cdiv(M, block_m))
+            if n_first
+            else (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+        )
+        kernel[tiles](
+            a.contiguous(),
+            b.contiguous(),
+            c,
+            M,
+            N,
+            kp,
+            scale,
+            CHUNK=chunk,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=32,
+        )
+        return c
+
+    return fp8_matmul
+
+
+@triton.jit
+def _row_mean_scalar_kernel(x_ptr, out_ptr, N, LANES: tl.constexpr):
+    row = tl.program_id(0)
+    lanes = tl.arange(0, LANES)
+    total = 0.0  # one fp32 running sum of the chunk sums
+    for k in range(0, N, LANES):
+        x = tl.load(x_ptr + row * N + k + lanes, mask=k + lanes < N, other=0.0)
+        total += tl.sum(x.to(tl.float32), axis=0)
+    tl.store(out_ptr + row, total / N)
+
+
+def row_mean_scalar(x):
+    """q4 one row per program, 512 lanes, each chunk summed by tl.sum into one fp32 scalar."""
+    M, N = x.shape
+    out = torch.empty(M, dtype=torch.float32, device=x.device)
+    _row_mean_scalar_kernel[(M,)](x.contiguous(), out, N, LANES=512)
+    return out
+
+
+@triton.jit
+def _row_mean_where_kernel(x_ptr, out_ptr, M, N, ROWS: tl.constexpr, LANES: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    lanes = tl.arange(0, LANES)
+    acc = tl.zeros((ROWS, LANES), dtype=tl.float32)
+    for k in range(0, N, LANES):
+        inside = (rows < M)[:, None] & (k + lanes < N)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * N + k + lanes[None, :], mask=inside)  # no other=
+        acc += tl.where(inside, x.to(tl.float32), 0.0)
+    tl.store(out_ptr + rows, tl.reduce(acc, 1, _add) * (1.0 / N), mask=rows < M)
+
+
+def row_mean_where(x):
+    """q4 with an fp32 tile of 4 rows x 256 lanes, masked lanes zeroed by tl.where on the loaded values,
+    rows summed by tl.reduce with a combine function, times 1/N."""
+    M, N = x.shape
+    out = torch.empty(M, dtype=torch.float32, device=x.device)
+    _row_mean_where_kernel[(triton.cdiv(M, 4),)](x.contiguous(), out, M, N, ROWS=4, LANES=256)
+    return out
+
+
+@triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _softmax_where_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=inside, other=0.0)
+    x = tl.where(inside, x, -float("inf"))  # padded lanes out of the max and the sum
+    m = tl.reduce(x, 0, _max)
+    e = tl.exp2((x - m) * 1.4426950408889634)  # e^t = 2^(t log2 e)
+    tl.store(out_ptr + row * N + cols, e / tl.sum(e, axis=0), mask=inside)
+
+
+def softmax_where(x):
+    """q5 loading padded lanes as 0 and sending them to -inf with tl.where; the max by tl.reduce with a
+    combine function; exp2 of a scaled argument instead of exp."""
+    M, N = x.shape
+    out = torch.empty_like(x)
+    _softmax_where_kernel[(M,)](x.contiguous(), out, N, BLOCK=triton.next_power_of_2(N))
+    return out
+
+
+@triton.jit
+def _softmax_online_kernel(x_ptr, out_ptr, N, CHUNK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, CHUNK)
+    m = -float("inf")
+    d = 0.0
+    for k in range(0, N, CHUNK):  # running max and sum, the sum rescaled whenever the max grows
+        x = tl.load(x_ptr + row * N + k + cols, mask=k + cols < N, other=-float("inf"))
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    for k in range(0, N, CHUNK):
+        x = tl.load(x_ptr + row * N + k + cols, mask=k + cols < N, other=-float("inf"))
+        tl.store(out_ptr + row * N + k + cols, tl.exp(x - m) / d, mask=k + cols < N)
+
+
+def softmax_online(x):
+    """q5 in chunks of 32 columns, two passes: an online max and sum, then the outputs."""
+    M, N = x.shape
+    out = torch.empty_like(x)
+    _softmax_online_kernel[(M,)](x.contiguous(), out, N, CHUNK=32)
+    return out
+
+
+@triton.jit
+def _quantize_div_kernel(x_ptr, q_ptr, scale, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(q_ptr + offs, tl.math.div_rn(x, scale).to(tl.float8e4nv), mask=offs < n)
+
+
+def quantize_by_division(x):
+    """q6 dividing by the reconstruction scale S = amax / 448 in the kernel (correctly rounded), then casting."""
+    amax = x.abs().max().item()
+    s = amax / 448.0 if amax > 0 else 1.0
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    _quantize_div_kernel[(triton.cdiv(x.numel(), 512),)](x.contiguous(), q, s, x.numel(), BLOCK=512)
+    return q, s
+
+
+@triton.jit
+def _amax_kernel(x_ptr, amax_ptr, n, BLOCK: tl.constexpr):
+    lanes = tl.arange(0, BLOCK)
+    m = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        m = tl.maximum(m, tl.abs(tl.load(x_ptr + start + lanes, mask=start + lanes < n, other=0.0)))
+    tl.store(amax_ptr, tl.max(m, axis=0))
+
+
+@triton.jit
+def _quantize_device_scale_kernel(x_ptr, amax_ptr, q_ptr, n, BLOCK: tl.constexpr):
+    amax = tl.load(amax_ptr)
+    inv = tl.math.div_rn(448.0, tl.where(amax > 0.0, amax, 1.0))
+    offs = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(q_ptr + offs, (x * inv).to(tl.float8e4nv), mask=offs < n)
+
+
+def quantize_device_scale(x):
+    """q6 with the amax found on the device (one program, a loop of tl.maximum) and read by the cast
+    kernel from memory; the scale comes back as a 0-d tensor."""
+    x = x.contiguous()
+    amax = torch.empty((), dtype=torch.float32, device=x.device)
+    _amax_kernel[(1,)](x, amax, x.numel(), BLOCK=256)
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    _quantize_device_scale_kernel[(triton.cdiv(x.numel(), 1024),)](x, amax, q, x.numel(), BLOCK=1024)
+    return q, torch.where(amax > 0, amax, torch.ones_like(amax)) / 448.0
+
+
+@triton.jit
+def _variance_two_pass_kernel(x_ptr, out_ptr, M, N, ROWS: tl.constexpr, LANES: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    lanes = tl.arange(0, LANES)
+    s = tl.zeros((ROWS, LANES), dtype=tl.float32)
+    for k in range(0, N, LANES):
+        mask = (rows < M)[:, None] & (k + lanes < N)[None, :]
+        s += tl.load(x_ptr + rows[:, None] * N + k + lanes[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(s, axis=1) / N
+    q = tl.zeros((ROWS, LANES), dtype=tl.float32)
+    for k in range(0, N, LANES):  # second pass: squared deviations from the mean
+        mask = (rows < M)[:, None] & (k + lanes < N)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * N + k + lanes[None, :], mask=mask, other=0.0).to(tl.float32)
+        dev = tl.where(mask, x - mean[:, None], 0.0)  # a padded lane is not 0 away from the mean
+        q += dev * dev
+    tl.store(out_ptr + rows, tl.sum(q, axis=1) / N, mask=rows < M)
+
+
+def variance_two_pass(x):
+    """q7 in two passes, the mean first and then the mean of squared deviations, in fp32."""
+    M, N = x.shape
+    out = torch.empty(M, dtype=torch.float32, device=x.device)
+    _variance_two_pass_kernel[(triton.cdiv(M, 2),)](x.contiguous(), out, M, N, ROWS=2, LANES=512)
+    return out
+
+
+@triton.jit
+def _variance_fp64_kernel(x_ptr, out_ptr, M, N, ROWS: tl.constexpr, LANES: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    lanes = tl.arange(0, LANES)
+    s1 = tl.zeros((ROWS, LANES), dtype=tl.float64)
+    s2 = tl.zeros((ROWS, LANES), dtype=tl.float64)
+    for k in range(0, N, LANES):
+        mask = (rows < M)[:, None] & (k + lanes < N)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * N + k + lanes[None, :], mask=mask, other=0.0).to(tl.float64)
+        s1 += x
+        s2 += x * x
+    mean = tl.sum(s1, axis=1) / N
+    var = tl.sum(s2, axis=1) / N - mean * mean
+    tl.store(out_ptr + rows, var.to(tl.float32), mask=rows < M)
+
+
+def variance_fp64(x):
+    """q7 promoted further than needed: float64 sums of x and x^2, E[x^2] - E[x]^2 in float64."""
+    M, N = x.shape
+    out = torch.empty(M, dtype=torch.float32, device=x.device)
+    _variance_fp64_kernel[(M,)](x.contiguous(), out, M, N, ROWS=1, LANES=1024)
+    return out
+
+
+@triton.jit
+def _to_bf16_bits_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    u = x.to(tl.uint32, bitcast=True)
+    r = tl.where(x != x, 0x7FFF, (u + 0x7FFF + ((u >> 16) & 1)) >> 16)  # Lab 0's rounding, NaN first
+    tl.store(y_ptr + offs, r.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=offs < n)
+
+
+def to_bf16_bits(x):
+    """q8 by Lab 0's integer rounding instead of the conversion instruction, NaN tested as x != x."""
+    y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    _to_bf16_bits_kernel[(triton.cdiv(x.numel(), 1024),)](x.contiguous(), y, x.numel(), BLOCK=1024)
+    return y
+
+
+@triton.jit
+def _to_bf16_rtne_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(y_ptr + offs, x.to(tl.bfloat16, fp_downcast_rounding="rtne"), mask=offs < n)
+
+
+def to_bf16_rtne(x):
+    """q8 naming the rounding mode (fp_downcast_rounding="rtne"), on a 2-D grid of 128-element programs."""
+    y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    programs = triton.cdiv(x.numel(), 128)
+    _to_bf16_rtne_kernel[(triton.cdiv(programs, 4), 4)](x.contiguous(), y, x.numel(), BLOCK=128)
+    return y
+
+
+STUDENT_SOLUTIONS = {
+    "q1": {
+        "64 random bits, the top d of them; int64 addresses": _sr_launcher(_sr_wide_noise_kernel, 512),
+        "tl.rand against the dropped fraction": _sr_launcher(_sr_uniform_kernel, 1024),
+    },
+    "q2": {
+        "Neumaier, one row per program, tl.reduce": dot_neumaier,
+        "Kahan as what was lost, 4-row tiles, a tl.split tree": dot_kahan_tree,
+    },
+    "q3": {
+        "one K loop, promotion by tl.where at each chunk's end": _fp8_launcher(_fp8_flat_kernel, 64, 64, False),
+        "advanced pointers, unrolled chunk, N-major grid, 64x32 tiles": _fp8_launcher(
+            _fp8_pointer_kernel, 64, 32, True
+        ),
+    },
+    "q4": {"a scalar fp32 sum of tl.sum per chunk": row_mean_scalar, "tl.where mask, tl.reduce": row_mean_where},
+    "q5": {"-inf by tl.where, tl.reduce max, exp2": softmax_where, "online, in chunks of 32": softmax_online},
+    "q6": {
+        "divides by S with div_rn": quantize_by_division,
+        "amax on the device, read from memory": quantize_device_scale,
+    },
+    "q7": {"two passes, deviations from the mean": variance_two_pass, "float64 sums": variance_fp64},
+    "q8": {"Lab 0's integer rounding": to_bf16_bits, "fp_downcast_rounding='rtne', 2-D grid": to_bf16_rtne},
+}
+
+
+@pytest.mark.parametrize(
+    "question, name", [(q, name) for q, right in STUDENT_SOLUTIONS.items() for name in right], ids=str
+)
+def test_student_solution_passes(question, name, capsys):
+    assert set(STUDENT_SOLUTIONS) == set(CHECKS)
+    CHECKS[question](STUDENT_SOLUTIONS[question][name])
+    out = capsys.readouterr().out
+    assert out.startswith(f"{question} passed: "), out
+    print(out)

@@ -12,6 +12,12 @@ A wrong solution is the value the question's test takes as its one argument (the
 function); for a test with several arguments it is a tuple in the order the test takes them, or a
 dict ``{argument name: value}``; anything else (one wrong part of a several-part answer) is judged by
 the lab's own ``CHECKS[question]``, which must reject it.
+
+The other half is symmetric: the same file must define ``STUDENT_SOLUTIONS`` in the same shape, at
+least two right solutions per question, written the ways different students would write them (not
+the lab's own solution), and each one, run through the question's otter test as the grader scores a
+student, must get full marks: a check that rejects a right answer is as wrong as one that passes a
+wrong one.  A right solution is always a whole answer (a function, a tuple or a dict as above).
 """
 
 import contextlib
@@ -46,17 +52,33 @@ def load_check_tests(path: Path):
     return module
 
 
-def _cases():
+def _cases(table: str = "WRONG_SOLUTIONS"):
     cases = []
     for lab in LABS:
         path = check_tests_path(lab)
         if not path.is_file():
-            continue  # test_every_question_has_wrong_solutions fails for it
-        wrongs = getattr(load_check_tests(path), "WRONG_SOLUTIONS", {})
+            continue  # test_every_question_has_wrong_solutions (or _student_solutions) fails for it
+        solutions = getattr(load_check_tests(path), table, {})
+        if not isinstance(solutions, dict):
+            continue
         for question in lab_questions(lab):
-            for name in wrongs.get(question) or {}:
+            named = solutions.get(question)
+            for name in named if isinstance(named, dict) else {}:
                 cases.append(pytest.param(lab, question, name, id=f"{lab.stem}-{question}-{name}"))
     return cases
+
+
+def _otter_env(test_file, solution) -> dict | None:
+    """The environment the question's otter test runs in, with ``solution`` where the student's
+    notebook would define its arguments; None if ``solution`` is one part of a several-part answer."""
+    arguments = [a for a in test_file.test_cases[0].body._get_func_params() if a != "env"]
+    if isinstance(solution, dict):
+        return solution
+    if isinstance(solution, tuple) and len(solution) == len(arguments) > 1:
+        return dict(zip(arguments, solution, strict=True))  # in the order the question's test takes them
+    if len(arguments) == 1:
+        return {arguments[0]: solution}
+    return None
 
 
 def test_there_are_labs():
@@ -128,14 +150,9 @@ def test_a_missing_set_fails(tmp_path):
 def test_each_wrong_solution_loses_points(lab, question, name):
     test_file = ExceptionTestFile.from_string(lab_questions(lab)[question], path=question)
     wrong = load_check_tests(check_tests_path(lab)).WRONG_SOLUTIONS[question][name]
-    arguments = [a for a in test_file.test_cases[0].body._get_func_params() if a != "env"]
-    if isinstance(wrong, dict):
-        env = wrong
-    elif isinstance(wrong, tuple) and len(wrong) == len(arguments) > 1:
-        env = dict(zip(arguments, wrong, strict=True))  # in the order the question's test takes them
-    elif len(arguments) == 1:
-        env = {arguments[0]: wrong}
-    else:
+    env = _otter_env(test_file, wrong)
+    if env is None:
+        arguments = [a for a in test_file.test_cases[0].body._get_func_params() if a != "env"]
         # A wrong part of a multi-part answer (one of the functions a question's test takes): the lab's
         # own CHECKS[question] knows how to judge it alone.
         checks = getattr(load_check_tests(check_tests_path(lab)), "CHECKS", {})
@@ -153,3 +170,105 @@ def test_each_wrong_solution_loses_points(lab, question, name):
     assert test_file.score < test_file.possible, f"{lab.stem} {question}: {name!r} got full marks from the lab's test"
     failed = [r.message for r in test_file.test_case_results if not r.passed]
     assert not any("ExerciseNotDone" in m for m in failed), f"{name!r} is read as 'not done yet', not as wrong"
+
+
+# -- the symmetric demand: right solutions written the ways students write them get full marks ----------
+
+MIN_STUDENT_SOLUTIONS = 2
+
+
+def student_solution_problems(lab: Path, tests_dir: Path = ROOT / "tests") -> list:
+    """What is missing or malformed in the right-solution set of ``lab`` (empty when all is well)."""
+    questions = lab_questions(lab)
+    if not questions:
+        return [f"labs/{lab.name} has no otter questions in its metadata"]
+    path = tests_dir / check_tests_path(lab).name
+    want = f"at least {MIN_STUDENT_SOLUTIONS} right solutions, written the ways students write them, for each question"
+    if not path.is_file():
+        return [
+            f"labs/{lab.name} has questions {sorted(questions)} but tests/{path.name} is missing: it must define "
+            f"STUDENT_SOLUTIONS with {want}"
+        ]
+    rights = getattr(load_check_tests(path), "STUDENT_SOLUTIONS", None)
+    if not isinstance(rights, dict):
+        return [
+            f"tests/{path.name} defines no STUDENT_SOLUTIONS dict at module level: {lab.stem} questions "
+            f"{sorted(questions)} lack right solutions ({want})"
+        ]
+    problems = []
+    few = {q: len(rights[q]) if isinstance(rights.get(q), dict) else 0 for q in questions}
+    few = {q: n for q, n in few.items() if n < MIN_STUDENT_SOLUTIONS}
+    if few:
+        counts = ", ".join(f"{q} has {n}" for q, n in few.items())
+        problems.append(
+            f"tests/{path.name}: STUDENT_SOLUTIONS of {lab.stem} lacks right solutions for {sorted(few)} "
+            f"({counts}; want at least {MIN_STUDENT_SOLUTIONS} each)"
+        )
+    unknown = sorted(set(rights) - set(questions))
+    if unknown:
+        problems.append(f"tests/{path.name}: STUDENT_SOLUTIONS names {unknown}, not questions of {lab.stem}")
+    for q in questions:
+        if not isinstance(rights.get(q, {}), dict):
+            problems.append(f"STUDENT_SOLUTIONS[{q!r}] of {lab.stem} must map descriptions to right solutions")
+            continue
+        for name, right in rights.get(q, {}).items():
+            if not (isinstance(name, str) and name):
+                problems.append(f"STUDENT_SOLUTIONS[{q!r}] of {lab.stem}: describe each right solution with a string")
+            if right is None or right is Ellipsis:
+                problems.append(f"STUDENT_SOLUTIONS[{q!r}][{name!r}] of {lab.stem} is a stub")
+    return problems
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.stem)
+def test_every_question_has_student_solutions(lab):
+    assert student_solution_problems(lab) == []
+
+
+def test_a_missing_student_set_fails(tmp_path):
+    lab = ROOT / "labs" / "00_bf16_rounding.ipynb"
+    assert "tests/test_checks_lab00.py is missing" in student_solution_problems(lab, tmp_path)[0]
+    (tmp_path / "test_checks_lab00.py").write_text(
+        "STUDENT_SOLUTIONS = {'q1': {'a': abs, 'b': abs}, 'q2': {'c': abs}}\n"
+    )
+    assert student_solution_problems(lab, tmp_path) == [
+        "tests/test_checks_lab00.py: STUDENT_SOLUTIONS of 00_bf16_rounding lacks right solutions for ['q2'] "
+        "(q2 has 1; want at least 2 each)"
+    ]
+    load_check_tests.cache_clear()
+    (tmp_path / "test_checks_lab00.py").write_text(
+        "STUDENT_SOLUTIONS = {'q1': {'x': None, 'y': abs}, 'q9': {'z': abs}}\nWRONG_SOLUTIONS = {}\n"
+    )
+    assert student_solution_problems(lab, tmp_path) == [
+        "tests/test_checks_lab00.py: STUDENT_SOLUTIONS of 00_bf16_rounding lacks right solutions for ['q2'] "
+        "(q2 has 0; want at least 2 each)",
+        "tests/test_checks_lab00.py: STUDENT_SOLUTIONS names ['q9'], not questions of 00_bf16_rounding",
+        "STUDENT_SOLUTIONS['q1']['x'] of 00_bf16_rounding is a stub",
+    ]
+    load_check_tests.cache_clear()
+    (tmp_path / "test_checks_lab00.py").write_text("WRONG_SOLUTIONS = {}\n")
+    assert student_solution_problems(lab, tmp_path)[0].startswith(
+        "tests/test_checks_lab00.py defines no STUDENT_SOLUTIONS dict at module level: 00_bf16_rounding questions "
+        "['q1', 'q2'] lack right solutions (at least 2"
+    )
+    load_check_tests.cache_clear()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("lab, question, name", _cases("STUDENT_SOLUTIONS"))
+def test_each_student_solution_gets_full_marks(lab, question, name):
+    test_file = ExceptionTestFile.from_string(lab_questions(lab)[question], path=question)
+    right = load_check_tests(check_tests_path(lab)).STUDENT_SOLUTIONS[question][name]
+    env = _otter_env(test_file, right)
+    arguments = [a for a in test_file.test_cases[0].body._get_func_params() if a != "env"]
+    assert env is not None, (
+        f"{lab.stem} {question}'s test takes {arguments}: give STUDENT_SOLUTIONS[{question!r}][{name!r}] as a "
+        f"tuple in that order, or a dict {{argument name: value}}: a right solution is a whole answer"
+    )
+    with contextlib.redirect_stdout(io.StringIO()):
+        test_file.run(env)
+    assert test_file.possible > 0, f"{question} is worth no points"
+    failed = [r.message for r in test_file.test_case_results if not r.passed]
+    assert test_file.score == test_file.possible and not failed, (
+        f"{lab.stem} {question}: the right solution {name!r} got {test_file.score} of {test_file.possible} "
+        f"points from the lab's test:\n" + "\n".join(failed)
+    )
