@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 import kernels
+from kernels import hopper_mma
 
 ACCUMULATORS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 _TL = {"fp16": tl.float16, "bf16": tl.bfloat16, "fp32": tl.float32}
@@ -297,11 +298,20 @@ def fp8_matmul(
 
 
 def fp8_matmul_reference(
-    a: torch.Tensor, b: torch.Tensor, promote_every: int | None = None, block_k: int = FP8_BLOCK_K, scale: float = 1.0
+    a: torch.Tensor,
+    b: torch.Tensor,
+    promote_every: int | None = None,
+    block_k: int = FP8_BLOCK_K,
+    scale: float = 1.0,
+    tensor_core: str = "exact",
 ) -> torch.Tensor:
-    """:func:`fp8_matmul` with every ``tl.dot`` exact (float64) and rounded once to fp32, the
-    promotions fp32 multiply-and-adds: the CPU interpreter's arithmetic, in NumPy.  On a GPU the
-    kernel differs from this by exactly what the tensor core's accumulator loses."""
+    """:func:`fp8_matmul` in NumPy, the promotions fp32 multiply-and-adds.
+
+    ``tensor_core="exact"``: every ``tl.dot`` exact (float64) and rounded once to fp32, a lossless
+    accumulator.  ``"hopper"``: every ``tl.dot`` as Hopper's FP8 tensor cores compute it
+    (:func:`kernels.hopper_mma.fp8_dot`), which is what the kernel gives on an H100/H200 and in CPU mode."""
+    if tensor_core not in ("exact", "hopper"):
+        raise ValueError(f"tensor_core must be 'exact' or 'hopper', got {tensor_core!r}")
     _check_fp8_args(a, b, promote_every, block_k, on_device=False)
     chunk = promote_every or max(block_k, -(-a.shape[1] // block_k) * block_k)
     a, b = _pad_k(a.detach().cpu(), b.detach().cpu(), chunk)
@@ -313,7 +323,11 @@ def fp8_matmul_reference(
     for k0 in range(0, K, chunk):
         part = np.zeros_like(acc)
         for k1 in range(k0, k0 + chunk, block_k):
-            part = (a64[:, k1 : k1 + block_k] @ b64[k1 : k1 + block_k] + part).astype(np.float32)
+            a_k, b_k = a64[:, k1 : k1 + block_k], b64[k1 : k1 + block_k]
+            if tensor_core == "hopper":
+                part = hopper_mma.fp8_dot(a_k, b_k, part)
+            else:
+                part = (a_k @ b_k + part).astype(np.float32)
         acc = acc + part * s
     return torch.from_numpy(acc)
 

@@ -31,18 +31,16 @@ Kernels
   looping over tiles (``tl.range``), operands loaded through TMA tensor descriptors
   (``tl.make_tensor_descriptor``), autotuned over :data:`PERSISTENT_CONFIGS`.
 
-On Hopper (and Ada) the operands go to ``tl.dot`` as FP8.  On older GPUs, and in CPU mode, the same
+On Hopper (and Ada) the operands go to ``tl.dot`` as FP8, and in CPU mode too, where the interpreter
+accumulates an FP8 dot as Hopper's tensor cores do (:mod:`kernels.hopper_mma`).  On older GPUs the same
 kernels upcast the FP8 tiles to bf16 (exact for e4m3 and e5m2) before ``tl.dot``; :func:`fp8_path`
-says which path runs.  In CPU mode ``tl.dot`` is exact (float64, rounded once to fp32), so CPU results
-do not show Hopper's accumulator; :func:`emulate_hopper_fp8_accumulator` models it for checks.
+says which path runs.
 
 References: :func:`fp8_gemm_reference` (float64 throughout, one rounding at the end) and
 :func:`fp8_gemm_blockwise_reference` (the kernel's own promotion: exact per-K-block products rounded to
 fp32, scaled and summed in fp32).  :func:`scaled_mm` calls ``torch._scaled_mm`` (cuBLAS) with the same
 operands and scales, on a GPU.
 """
-
-import contextlib
 
 import numpy as np
 import torch
@@ -91,10 +89,11 @@ CPU_PROGRAMS = 4  # "SMs" of the persistent kernel in CPU mode
 
 
 def _upcast() -> bool:
-    """True where FP8 tiles are widened to bf16 before ``tl.dot`` (no FP8 tensor cores, or CPU mode)."""
+    """True where FP8 tiles are widened to bf16 before ``tl.dot`` (a GPU without FP8 tensor cores).  CPU
+    mode keeps them FP8: its ``tl.dot`` accumulates as Hopper's FP8 tensor cores do."""
     from kernels.device import capabilities
 
-    return capabilities().fp8 != "native"
+    return capabilities().fp8 == "emulated"
 
 
 def fp8_path() -> str:
@@ -104,8 +103,9 @@ def fp8_path() -> str:
     caps = capabilities()
     if caps.fp8 == "native":
         return f"native FP8 tl.dot on {caps.device} ({caps.sm})"
-    where = "CPU mode (Triton interpreter)" if caps.interpreter else f"{caps.device} ({caps.sm}, no FP8 tensor cores)"
-    return f"{where}: FP8 tiles upcast to bf16 (exactly) before tl.dot; same kernels, same scales"
+    if caps.interpreter:
+        return "CPU mode (Triton interpreter): FP8 tl.dot accumulated as Hopper's FP8 tensor cores do, bit for bit"
+    return f"{caps.device} ({caps.sm}, no FP8 tensor cores): FP8 tiles upcast to bf16 (exactly) before tl.dot"
 
 
 # -- argument checks ------------------------------------------------------------------------------
@@ -563,59 +563,11 @@ def scaled_mm(a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.b
     return torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=use_fast_accum)
 
 
-# -- a model of Hopper's FP8 accumulator, for checks in CPU mode -------------------------------------
-
-HOPPER_ACC_BITS = 13  # fraction bits kept below the largest addend's exponent (DeepSeek-V3: "around 14 bits")
-HOPPER_MMA_K = 32  # K-elements one FP8 wgmma adds per instruction
-
-
-@contextlib.contextmanager
-def emulate_hopper_fp8_accumulator(bits: int = HOPPER_ACC_BITS):
-    """While active, CPU-mode ``tl.dot`` with an fp32 accumulator adds its products the way an FP8
-    tensor core is modelled to: per 32-element K-step, the running sum and the 32 products are aligned
-    to the largest exponent among them and truncated to ``bits`` fraction bits below it, then summed.
-
-    A model, not a measurement: it exists so that a CPU check can tell a kernel that promotes every
-    128 K-elements from one that lets ``tl.dot`` carry the whole K sum (both are exact otherwise).  The
-    GPU shows the real behaviour; the hazards chapter measures it."""
-    if not kernels.INTERPRETER:
-        yield
-        return
-    from triton.runtime import interpreter as interp
-
-    from kernels import _interpreter as fix
-
-    builder = interp.InterpreterBuilder
-    original = builder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        fa, fb, fd = fix._name(a.dtype), fix._name(b.dtype), fix._name(d.dtype)
-        if fd != "fp32" or fa not in ("fp8e4nv", "fp8e5", "bf16") or fb not in ("fp8e4nv", "fp8e5", "bf16"):
-            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-        x, y = fix._decode(a.data, fa), fix._decode(b.data, fb)  # (BM, K), (K, BN)
-        acc = fix._decode(d.data, fd).astype(np.float64)
-        for k0 in range(0, x.shape[1], HOPPER_MMA_K):
-            terms = x[:, k0 : k0 + HOPPER_MMA_K, None] * y[None, k0 : k0 + HOPPER_MMA_K, :]  # (BM, 32, BN)
-            big = np.maximum(np.abs(terms).max(axis=1), np.abs(acc))
-            _, e = np.frexp(big)
-            ulp = np.ldexp(1.0, e - 1 - bits)  # the weight of the last kept bit, per output
-            trunc = np.trunc(terms / ulp[:, None, :]) * ulp[:, None, :]
-            acc = (np.trunc(acc / ulp) * ulp + trunc.sum(axis=1)).astype(np.float32).astype(np.float64)
-        return interp.TensorHandle(fix._encode(acc, fd), d.dtype.scalar)
-
-    builder.create_dot = create_dot
-    try:
-        yield
-    finally:
-        builder.create_dot = original
-
-
 __all__ = [
     "CONFIGS",
     "CPU_CONFIG",
     "PERSISTENT_CONFIGS",
     "SCALINGS",
-    "emulate_hopper_fp8_accumulator",
     "fp8_gemm",
     "fp8_gemm_blockwise",
     "fp8_gemm_blockwise_reference",

@@ -198,7 +198,9 @@ def quantize_fp8(x: torch.Tensor, scale_first: bool = True, guard_zero: bool = T
     amax = x.abs().amax() if x.numel() else torch.zeros((), device=x.device)
     if guard_zero:
         amax = torch.where(amax > 0, amax, torch.ones_like(amax))
-    scale = (amax / E4M3_MAX).float()
+    # A tensor divisor, not a Python number: CUDA torch divides by a scalar by multiplying with its
+    # reciprocal, which is not correctly rounded, so the scale would differ from the CPU's by an ulp.
+    scale = (amax / torch.full_like(amax, E4M3_MAX)).float()
     scale_inv = (E4M3_MAX / amax).float().reshape(1)
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     n = x.numel()
@@ -213,7 +215,7 @@ def quantize_fp8_reference(x: torch.Tensor) -> tuple:
     amax = torch.where(amax > 0, amax, torch.ones_like(amax))
     scale_inv = (E4M3_MAX / amax).float()
     q = (x * scale_inv).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q, (amax / E4M3_MAX).float()
+    return q, (amax / torch.full_like(amax, E4M3_MAX)).float()
 
 
 # -- variance: promotion before the sums ------------------------------------------------------------

@@ -13,6 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels
 from kernels import formats
@@ -51,6 +53,7 @@ def torch_quantizer(
     finite_amax=True,
     one_scale=False,
     unmasked_tail=False,
+    reciprocal=False,
 ):
     """(q, S) for groups of gm x gk (gm, gk = 0 means the whole extent) with optional mistakes."""
     shape = x.shape
@@ -75,7 +78,11 @@ def torch_quantizer(
     if s_given is not None:
         s = s_given.float().reshape(1, 1).expand_as(amax)
     else:
-        s = amax / 448.0
+        # A tensor divisor: torch on CUDA divides by a Python number by multiplying with its reciprocal,
+        # which is not the correctly rounded amax / 448 the lab's contract asks for.
+        s = amax / torch.full_like(amax, 448.0)
+        if reciprocal:
+            s = amax * (1.0 / 448.0)
         if zero_policy:
             s = torch.where(amax == 0, torch.ones_like(s), s.clamp(min=Q.MIN_SCALE))
     inv = 1.0 / s
@@ -111,6 +118,58 @@ def blocks(**mistakes):
     def fn(x, block):
         q, s = torch_quantizer(x, *block, **mistakes)
         return q, s.reshape(*x.shape[:-1], s.shape[-1]) if block[0] == 1 else s
+
+    return fn
+
+
+# -- group quantizers in Triton, as students write them, with `/` where the lab asks for tl.math.div_rn ----
+
+
+@triton.jit
+def _slash_group_kernel(
+    x_ptr, q_ptr, s_ptr, M, K, n_gk, GM: tl.constexpr, GK: tl.constexpr, SLASH_S: tl.constexpr, SLASH_INV: tl.constexpr
+):  # fmt: skip
+    pid_m, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * GM + tl.arange(0, GM)
+    cols = pid_k * GK + tl.arange(0, GK)
+    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.abs(x)
+    amax = tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), axis=1), axis=0)
+    if SLASH_S:
+        s = amax / 448.0  # approximate on the GPU: the mistake
+    else:
+        s = tl.math.div_rn(amax, 448.0)
+    s = tl.where(amax == 0.0, 1.0, tl.maximum(s, 1.1754943508222875e-38))
+    if SLASH_INV:
+        inv = 1.0 / s
+    else:
+        inv = tl.math.div_rn(1.0, s)
+    y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
+    c = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    c = tl.where(tl.abs(x) < float("inf"), c, 0x7F)
+    tl.store(q_ptr + offs, c, mask=mask)
+    tl.store(s_ptr + pid_m * n_gk + pid_k, s)
+
+
+def triton_groups(row=False, slash_s=False, slash_inv=False):
+    """q2 (``row=True``: one group per row) or q3, one group per program, with `/` where asked."""
+
+    def fn(x, block=None):
+        k = x.shape[-1]
+        x2 = x.contiguous().reshape(-1, k)
+        m = x2.shape[0]
+        gm, gk = (1, triton.next_power_of_2(k)) if row else block
+        n_gm, n_gk = triton.cdiv(m, gm), triton.cdiv(k, gk)
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty((n_gm, n_gk), dtype=torch.float32, device=x.device)
+        _slash_group_kernel[(n_gm, n_gk)](
+            x2, q.view(torch.uint8), s, m, k, n_gk, GM=gm, GK=gk, SLASH_S=slash_s, SLASH_INV=slash_inv
+        )
+        if row:
+            return q, s.reshape(*x.shape[:-1], 1)
+        return q, s.reshape(*x.shape[:-1], n_gk) if gm == 1 else s
 
     return fn
 
@@ -254,11 +313,14 @@ WRONG_SOLUTIONS = {
         "NaN and inf enter amax": per_tensor(finite_amax=False),
     },
     "q2": {
+        "S with `/`": triton_groups(row=True, slash_s=True),
+        "S from torch's amax / 448.0 on a GPU": rowwise(reciprocal=True),
         "one scale for the whole tensor": rowwise(one_scale=True),
         "zero row divides by zero": rowwise(zero_policy=False),
         "S and alpha swapped": rowwise(swap=True),
     },
     "q3": {
+        "S with `/`": triton_groups(slash_s=True),
         "partial last group read past K": blocks(unmasked_tail=True),
         "scale applied twice": blocks(twice=True),
         "zero block divides by zero": blocks(zero_policy=False),
@@ -289,6 +351,8 @@ WRONG_SOLUTIONS = {
 }
 
 DIAGNOSES = {
+    "S with `/`": "S is not correctly rounded",
+    "S from torch's amax / 448.0 on a GPU": "S is not correctly rounded",
     "scale applied twice": "scale applied twice",
     "S and alpha swapped": "S and alpha swapped",
     "zero group divides by zero": "divides by zero",

@@ -7,6 +7,7 @@ import torch
 
 import kernels
 from kernels import fp8_gemm as G
+from kernels import hopper_mma
 from kernels import quantize as Q
 
 DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
@@ -89,17 +90,14 @@ def test_blockwise_matches_promoted_reference(kernel):
         qa = Q.Quantized(qa.q, qa.s * torch.logspace(-3, 3, qa.s.shape[1], device=DEVICE)[None, :])
         c = G.fp8_gemm_blockwise(qa.q, qb.q, qa.s, qb.s, kernel=kernel)
         want = G.fp8_gemm_blockwise_reference(qa.q, qb.q, qa.s, qb.s)
-        if kernels.INTERPRETER:
-            assert torch.equal(c.view(torch.int16), want.view(torch.int16)), f"{shape}: not bit-identical"
-        else:
-            # The reference computes each 128-wide block's dot exactly; the tensor cores add its four k32
-            # slices in their ~13-bit accumulator, so a block's partial product may be off by a few 2^-13 of
-            # its magnitude (with these scales an output of 0.24 can come from terms summing to 655), plus
-            # one bf16 rounding.  A scale applied to the wrong block is off by the magnitude itself.
-            diff = (c.double() - want.double()).abs().cpu()
-            mag = G.magnitudes(qa.q, qb.q, qa.s, qb.s, "block").cpu()
-            bound = 2.0**-7 * want.double().abs().cpu() + 2.0 ** (2 - G.HOPPER_ACC_BITS) * mag
-            assert torch.all(diff <= bound), float((diff / mag.clamp_min(1e-300)).max())
+        # The reference computes each 128-wide block's dot exactly; Hopper's tensor cores (and CPU mode,
+        # which models them) add its four k32 slices in a 13-bit accumulator, so a block's partial product
+        # may be off by a few 2^-13 of its magnitude (with these scales an output of 0.24 can come from
+        # terms summing to 655), plus one bf16 rounding.  A scale on the wrong block is off by the magnitude.
+        diff = (c.double() - want.double()).abs().cpu()
+        mag = G.magnitudes(qa.q, qb.q, qa.s, qb.s, "block").cpu()
+        bound = 2.0**-7 * want.double().abs().cpu() + 2.0 ** (2 - hopper_mma.ALIGN_FRACTION_BITS) * mag
+        assert torch.all(diff <= bound), float((diff / mag.clamp_min(1e-300)).max())
         _check(c, qa, qb, "block", f"block {kernel} {shape}")
 
 
@@ -167,7 +165,7 @@ def test_bad_arguments():
 def test_fp8_path_says_how_operands_reach_the_mma():
     path = G.fp8_path()
     print(path)
-    assert ("upcast to bf16" in path) == (not kernels.device.capabilities().fp8 == "native")
+    assert ("upcast to bf16" in path) == (kernels.device.capabilities().fp8 == "emulated")
 
 
 # -- the accumulator: promotion is what keeps small K-blocks --------------------------------------------
@@ -198,34 +196,26 @@ def _no_promotion(qa, qb):
 def test_promotion_keeps_small_blocks():
     qa, qb = big_then_small()
     exact = G.fp8_gemm_blockwise_reference(qa.q, qb.q, qa.s, qb.s).float()
-    if kernels.INTERPRETER:
-        with G.emulate_hopper_fp8_accumulator():
-            promoted = G.fp8_gemm_blockwise(qa.q, qb.q, qa.s, qb.s).float()
-            chained = _no_promotion(qa, qb).float()
-    elif kernels.device.capabilities().fp8 == "native":
-        promoted = G.fp8_gemm_blockwise(qa.q, qb.q, qa.s, qb.s).float()
-        chained = _no_promotion(qa, qb).float()
-    else:
-        pytest.skip("the FP8 accumulator is a property of FP8 tensor cores")
+    if not kernels.INTERPRETER and kernels.device.capabilities().fp8 != "native":
+        pytest.skip("the FP8 accumulator is a property of FP8 tensor cores (CPU mode models Hopper's)")
+    promoted = G.fp8_gemm_blockwise(qa.q, qb.q, qa.s, qb.s).float()
+    chained = _no_promotion(qa, qb).float()
     print(f"exact {exact[0, 0].item()}, promoted {promoted[0, 0].item()}, one chain {chained[0, 0].item()}")
     assert torch.equal(promoted, exact)
     assert (exact - chained).abs().min() > 2.0**-7 * exact.abs().max()
 
 
-def test_accumulator_model_is_exact_for_small_sums():
-    """The model errs within the Hopper bound, and only drops bits below 2^-13 of the largest addend: a
-    short dot of small integers is exact."""
-    if not kernels.INTERPRETER:
-        pytest.skip("the model is for CPU mode")
-    qa, qb = _operands(32, 32, 128, "tensor")
-    with G.emulate_hopper_fp8_accumulator():
-        modelled = G.fp8_gemm(qa.q, qb.q, qa.s, qb.s)
-    _check(modelled, qa, qb, "tensor", "modelled accumulator", accumulator="hopper")
-    a = torch.randint(-4, 5, (16, 64)).float().to(torch.float8_e4m3fn)
-    one = torch.ones(())
-    with G.emulate_hopper_fp8_accumulator():
-        c = G.fp8_gemm(a, a, one, one, out_dtype=torch.float32)
-    assert torch.equal(c, (a.double() @ a.double().T).float())
+def test_hopper_accumulator_is_exact_for_small_sums():
+    """Hopper's FP8 accumulator (on the GPU, and modelled in CPU mode) errs within the Hopper bound and only
+    drops bits below 2^-13 of the largest addend: a short dot of small integers is exact."""
+    if not kernels.INTERPRETER and kernels.device.capabilities().fp8 != "native":
+        pytest.skip("the FP8 accumulator is a property of FP8 tensor cores (CPU mode models Hopper's)")
+    qa, qb = _operands(64, 64, 128, "tensor")
+    _check(G.fp8_gemm(qa.q, qb.q, qa.s, qb.s), qa, qb, "tensor", "Hopper accumulator", accumulator="hopper")
+    a = torch.randint(-4, 5, (64, 64)).float().to(torch.float8_e4m3fn).to(DEVICE)
+    one = torch.ones((), device=DEVICE)
+    c = G.fp8_gemm(a, a, one, one, out_dtype=torch.float32).cpu()
+    assert torch.equal(c, (a.cpu().double() @ a.cpu().double().T).float())
 
 
 # -- cuBLAS ---------------------------------------------------------------------------------------------

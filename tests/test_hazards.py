@@ -84,7 +84,13 @@ def test_to_bf16():
         (lambda: hazards.row_mean(torch.zeros((2, 2))), TypeError),
         (lambda: hazards.row_mean(torch.zeros(2, dtype=torch.bfloat16)), ValueError),
         (lambda: hazards.row_mean(torch.zeros((2, 2), dtype=torch.bfloat16), acc="fp16"), ValueError),
-        (lambda: hazards.softmax(torch.zeros((2, 2)), valid=torch.ones((2, 3), dtype=torch.bool)), TypeError),
+        # on the operands' device, so that the shape is what is wrong (not the device)
+        (
+            lambda: hazards.softmax(
+                torch.zeros((2, 2), device=DEVICE), valid=torch.ones((2, 3), dtype=torch.bool, device=DEVICE)
+            ),
+            TypeError,
+        ),
         (lambda: hazards.quantize_fp8(torch.zeros(2, dtype=torch.float16)), TypeError),
         (lambda: hazards.variance(torch.zeros((2, 2))), TypeError),
         (lambda: hazards.to_bf16("x"), TypeError),

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import kernels
+from kernels import _hopper_math
 from kernels import quantize as Q
 from kernels.checks import call_student
 
@@ -128,6 +129,52 @@ def _check_layout(q, s, want, x, kind, question, name):
         )
 
 
+def _division_smell(amax: torch.Tensor, s_got: torch.Tensor, s_want: torch.Tensor) -> str:
+    """The scale's division was not correctly rounded: which approximate division the scales match.
+
+    Compiled Triton's fp32 ``/`` is ``div.full.f32`` (amax times an approximate reciprocal) and CPU mode
+    gives the same bits (:mod:`kernels._hopper_math`), so ``amax / 448.0`` in a kernel is recognised
+    exactly on both; so is torch's CUDA division by a Python number (a multiply by the fp32 reciprocal)."""
+    a = amax.numpy().astype(np.float32)
+    got, want = s_got.numpy().astype(np.float32), s_want.numpy().astype(np.float32)
+    bad = (got != want) & (a > 0) & np.isfinite(got) & (got > 0)
+    if not bad.any() or bad.sum() != ((got != want) & (a > 0)).sum():
+        return ""
+    floor = np.float32(Q.MIN_SCALE)
+    slash = np.maximum(_hopper_math.div(a, np.float32(448.0)), floor)
+    reciprocal = np.maximum(a * np.float32(1.0 / 448.0), floor)
+    n = f"{int(bad.sum())} of {int((a > 0).sum())} scales"
+    if np.array_equal(got[bad], slash[bad]) or np.array_equal(got[bad], reciprocal[bad]):
+        return (
+            f"S is not correctly rounded: {n} are amax times an approximate 1/448, an ulp or two off amax / 448.  "
+            "In a kernel, fp32 `/` does that (div.full: times an approximate reciprocal; CPU mode gives the GPU's "
+            "bits): compute S with tl.math.div_rn(amax, 448.0).  In torch on a GPU, amax / 448.0 does it too "
+            "(dividing by a Python number multiplies by its reciprocal): divide by torch.full_like(amax, 448.0)"
+        )
+    ulps = np.abs(got[bad].view(np.int32).astype(np.int64) - want[bad].view(np.int32).astype(np.int64))
+    if ulps.max() <= 2:
+        return (
+            f"S is not correctly rounded: {n} are {int(ulps.max())} ulp or less off amax / 448; the contract is one "
+            "correctly rounded division per group (tl.math.div_rn in a kernel)"
+        )
+    return ""
+
+
+def _inverse_smell(x2, s_want, got_c, want_c, expand, inv_want) -> str:
+    """Scales right, codes not: was 1/S computed with an approximate ``/``?"""
+    sw = s_want.numpy().astype(np.float32)
+    approx = torch.from_numpy(_hopper_math.div(np.float32(1.0), sw).astype(np.float32))
+    if torch.equal(approx, inv_want):
+        return ""
+    codes = _codes(Q._encode_ref(x2, expand(approx), FMT)).reshape(got_c.shape)
+    if np.array_equal(got_c, codes):
+        return (
+            "alpha = 1/S is not correctly rounded: the codes are x times 1.0 / S computed with `/` (approximate on the "
+            "GPU, and in CPU mode, which gives the GPU's bits); compute alpha with tl.math.div_rn(1.0, S)"
+        )
+    return ""
+
+
 def diagnose(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, kind: str, **kw) -> list:
     """The smells recognised in a quantizer's ``(q, S)`` against the reference, most telling first."""
     want = _reference(x, kind, **kw)
@@ -170,8 +217,11 @@ def diagnose(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, kind: str, **kw)
                 "a NaN or inf input set its group's scale to NaN or inf: leave non-finite values out of amax "
                 "(the scale comes from the finite values; the non-finite element alone becomes NaN)"
             )
+    rounding = _division_smell(amax, s_got, s_want) if kind != "mxfp8" else ""
+    if rounding:
+        found.append(rounding)
     nonzero = ~zero & torch.isfinite(s_got) & (s_got > 0)
-    if nonzero.any():
+    if nonzero.any() and not rounding:
         ratio = (s_got[nonzero].double() * s_want[nonzero].double()).numpy()
         if np.allclose(ratio, 1.0, rtol=1e-3) and kind != "mxfp8":
             found.append("S and alpha swapped: S came back as 448 / amax (that is 1/S, alpha); S = amax / 448")
@@ -180,7 +230,7 @@ def diagnose(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, kind: str, **kw)
         sq = (s_got[nonzero].double() / s_want[nonzero].double() ** 2).numpy()
         if np.allclose(sq, 1.0, rtol=1e-3) and not np.allclose(s_want[nonzero].numpy(), 1.0):
             found.append("scale applied twice: S came back squared")
-    if kind not in ("tensor",) and s_want.numel() > 1 and s_want.unique().numel() > 1:
+    if kind not in ("tensor",) and s_want.numel() > 1 and s_want.unique().numel() > 1 and not rounding:
         if s_got.unique().numel() == 1 and torch.isfinite(s_got).all():
             found.append(
                 f"one scale for every group: all of S is {s_got.flatten()[0].item():.6g}; each {kind} group needs "
@@ -232,7 +282,12 @@ def diagnose(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, kind: str, **kw)
         inv_want = (
             expand(1.0 / s_want) if kind != "mxfp8" else expand(Q._e8m0_inv_ref(want.s.cpu().reshape(amax.shape)))
         )
-        if bad_c.any():
+        inverse = (
+            _inverse_smell(x2, s_want, got_c, want_c, expand, s_want.new_ones(()) / s_want) if kind != "mxfp8" else ""
+        )
+        if bad_c.any() and inverse:
+            found.append(inverse)
+        elif bad_c.any():
             twice = _codes(Q._encode_ref(x2, inv_want * inv_want, FMT)).reshape(m, k)
             times_s = _codes(Q._encode_ref(x2, expand(s_want), FMT)).reshape(m, k)
             hit = bad_c & (got_c == twice)
