@@ -182,7 +182,10 @@ def environment(root) -> dict:
 
 def run_part(root, name: str, workers: int, extra: list) -> dict:
     """Run one part under pytest (a subprocess, in ``root``) and return its record."""
-    flags = ["-o", "addopts=", "-p", "no:cacheprovider", "--dist", "loadfile", "-n", str(workers)]
+    # Tests are spread one by one (a file of grader runs would otherwise hold one worker for minutes);
+    # a notebook's cells share one kernel, so notebooks go whole.
+    dist = "loadfile" if name == "notebooks" else "load"
+    flags = ["-o", "addopts=", "-p", "no:cacheprovider", "--dist", dist, "-n", str(workers)]
     flags += ["--nbval-lax"] if name == "notebooks" else [f"--deselect={d}" for d in DESELECT]
     shown = ["python", "-m", "pytest", *flags, *extra, *PARTS[name]]
     print(f"gpu lane, part {name}: {' '.join(shown)}", flush=True)

@@ -39,8 +39,8 @@ def test_matches_reference_and_bf16(granularity):
     for name, g, r, b in zip(("y", "dx", "dw"), got, ref, bf16, strict=True):
         vs_ref, vs_bf16 = L.relative_error(g, r), L.relative_error(g, b)
         print(f"[{granularity} {name}] vs same-recipe reference {vs_ref:.2e}, vs bf16 {vs_bf16:.4f}")
-        # CPU: exact dots, the same quantizers: identical.  GPU: Hopper's FP8 accumulator (~2^-7 of sum|a||b|).
-        assert vs_ref <= (0.0 if kernels.INTERPRETER else 1e-2)
+        # The reference's dots are exact; Hopper's FP8 accumulator (compiled, and in CPU mode) is not.
+        assert vs_ref <= 1e-2
         assert vs_bf16 <= L.BF16_TOLERANCE[name]
 
 
@@ -56,7 +56,7 @@ def test_bias_and_leading_dims():
     assert y.shape == (4, 24, 48) and y.dtype == torch.bfloat16
     y.backward(dy.reshape(4, 24, 48))
     ref = L.fp8_linear_reference(x, w, dy, bias=bias)
-    assert L.relative_error(y.reshape(96, 48), ref[0]) <= (0.0 if kernels.INTERPRETER else 1e-2)
+    assert L.relative_error(y.reshape(96, 48), ref[0]) <= 1e-2  # Hopper's FP8 accumulator, on both lanes
     assert x3.grad.shape == x3.shape
     assert torch.allclose(layer.bias.grad.float(), dy.float().sum(0), rtol=1e-2, atol=1e-9)
 

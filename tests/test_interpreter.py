@@ -67,9 +67,12 @@ def _blockwise_reference(a64, b64, block_k):
     return acc
 
 
-@pytest.mark.parametrize("fmt,precision", probe.DOTS, ids=[f"{f}-{p}" for f, p in probe.DOTS])
+WIDE_DOTS = [(f, p) for f, p in probe.DOTS if f not in ("e4m3", "e5m2")]
+
+
+@pytest.mark.parametrize("fmt,precision", WIDE_DOTS, ids=[f"{f}-{p}" for f, p in WIDE_DOTS])
 def test_each_dot_is_float64_rounded_once(table, fmt, precision):
-    """CPU mode: each tl.dot is the exact (float64) dot plus accumulator, rounded once to fp32."""
+    """CPU mode: each bf16/fp16/fp32 tl.dot is the exact (float64) dot plus accumulator, rounded once to fp32."""
     key = f"dot_{fmt}_{precision}"
     a, b = table[f"{key}_a"], table[f"{key}_b"]
     got = probe.dot(a, b, fmt, precision, "cpu").view(np.float32)
@@ -78,6 +81,23 @@ def test_each_dot_is_float64_rounded_once(table, fmt, precision):
     want = _blockwise_reference(_f64(a, fmt), _f64(b, fmt), probe.DOT_BLOCK_K)
     bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
     assert bad.size == 0, f"{bad.size} of {got.size} outputs differ from the float64 dots rounded to fp32"
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_dot_bits_match_hopper(table, fmt):
+    """CPU mode: an FP8 tl.dot on a wgmma-sized tile gives the H200's bits (Hopper's 13-bit accumulator)."""
+    key = f"dot_{fmt}_default"
+    a, b = table[f"{key}_a"], table[f"{key}_b"]
+    got = probe.dot(a, b, fmt, "default", "cpu")
+    want = table[key]
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, first_mismatches(np.arange(want.size), got.ravel(), want.ravel(), bad, what=f"{fmt} dot")
+
+
+def test_small_fp8_tiles_accumulate_in_fp32():
+    """A tile of fewer than 64 rows lowers to mma.sync on fp16 operands: no 13-bit accumulator."""
+    assert _interpreter.uses_wgmma(64, 64, 4) and _interpreter.uses_wgmma(128, 8, 8)
+    assert not _interpreter.uses_wgmma(32, 64, 4) and not _interpreter.uses_wgmma(64, 64, 2)
 
 
 # How far the Hopper GPU itself is from the exact dot, in units of sum_k |a_ik b_kj| * 2^-24.
