@@ -1,5 +1,6 @@
 """Lab 5 checks: the package's kernels and layer pass every check; each deliberately wrong solution is
-caught by its question's check with the diagnosis the lab promises."""
+caught by its question's check with the diagnosis the lab promises; each right one written another way
+(``STUDENT_SOLUTIONS``: other tiles, warps, launch orders, promotions, autograd styles) passes."""
 
 import pytest
 import torch
@@ -321,3 +322,503 @@ def test_promotion_input_is_what_tells_the_kernels_apart():
     got = student("block", NO_PROMOTION)(qa.q, qb.q, qa.s, qb.s)
     want = G.fp8_gemm_blockwise_reference(qa.q, qb.q, qa.s, qb.s)
     assert L.relative_error(got, want) < 1e-2
+
+
+# -- right solutions, written the ways different students write them ---------------------------------------
+# ``STUDENT_SOLUTIONS`` mirrors ``WRONG_SOLUTIONS``: per otter question, solutions that are right by the
+# lab's contract but not the lab's own, each differing from it (and from the others) where compiled
+# Triton and the interpreter could disagree: tiles of 64 and 128 rows with 4 or 8 warps (all lowered to
+# wgmma, whose FP8 accumulator CPU mode models), b loaded as a (BK, BN) tile instead of tl.dot(a, b.T),
+# clamped or wrapped rows instead of masks, other launch orders, promotion by an add or by tl.fma.
+# Every one must pass its check here and get full marks from the lab's otter test
+# (``tests/test_wrong_solutions.py``).
+
+
+@triton.jit
+def _v1_bt_tile_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)  # a 2-D grid of tiles
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]  # (BM, BK)
+    bt_ptrs = b_ptr + offs_k[:, None] + offs_n[None, :] * K  # (BK, BN): b^T, read straight from (N, K)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < K - k0), other=0.0)
+        bt = tl.load(bt_ptrs, mask=(offs_k[:, None] < K - k0) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, bt, acc)
+        a_ptrs += BK
+        bt_ptrs += BK
+    acc = acc * tl.load(sa_ptr) * tl.load(sb_ptr)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_v1_bt_tile(a, b, a_scale, b_scale):
+    """q1 on 64x64 tiles (4 warps: wgmma, Hopper's FP8 accumulator), a 2-D grid, b loaded as a (BK, BN)
+    tile of b^T, pointers advanced, the scales multiplied in one after the other."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(m, 64), triton.cdiv(n, 64))
+    _v1_bt_tile_kernel[grid](a, b, c, a_scale, b_scale, m, n, k, BM=64, BN=64, BK=128, num_warps=4)
+    return c
+
+
+@triton.jit
+def _v1_column_order_kernel(
+    a_ptr, b_ptr, c_ptr, s_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BM)
+    pid_m, pid_n = pid % num_pid_m, pid // num_pid_m  # column-major order over the tiles
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    rows = tl.minimum(offs_m, M - 1)  # clamped: loads need only the K mask; extra rows are not stored
+    cols = tl.minimum(offs_n, N - 1)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kb in tl.range(0, tl.cdiv(K, BK)):
+        ks = kb * BK + tl.arange(0, BK)
+        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=ks[None, :] < K, other=0.0)
+        b = tl.load(b_ptr + cols[:, None] * K + ks[None, :], mask=ks[None, :] < K, other=0.0)
+        acc = tl.dot(a, b.T, acc)
+    acc = acc * tl.load(s_ptr)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_v1_column_order(a, b, a_scale, b_scale):
+    """q1 on 128x128 tiles with 8 warps, column-major launch order, clamped row indices, tl.range over K,
+    and S_a * S_b formed by torch on the device (one pointer; no host sync)."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    s = (a_scale.float() * b_scale.float()).reshape(1)
+    grid = (triton.cdiv(m, 128) * triton.cdiv(n, 128),)
+    _v1_column_order_kernel[grid](a, b, c, s, m, n, k, BM=128, BN=128, BK=128, num_warps=8)
+    return c
+
+
+@triton.jit
+def grouped_tile_full_or_short(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """The grouped order with the full groups and the short last one told apart by tl.where."""
+    full_groups = num_pid_m // GROUP_M
+    in_full = pid < full_groups * GROUP_M * num_pid_n
+    height = tl.where(in_full, GROUP_M, num_pid_m - full_groups * GROUP_M)  # rows of pid's group
+    group = pid // (GROUP_M * num_pid_n)
+    local = pid % (GROUP_M * num_pid_n)
+    return group * GROUP_M + local % height, local // height
+
+
+@triton.jit
+def grouped_tile_column_first(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """The grouped order with the column found first and the row from what is left (no % by the height)."""
+    width = GROUP_M * num_pid_n
+    group = pid // width
+    first = group * GROUP_M
+    height = tl.minimum(num_pid_m - first, GROUP_M)
+    local = pid - group * width
+    pid_n = local // height
+    return first + local - pid_n * height, pid_n
+
+
+@triton.jit
+def _v2_bt_tile_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = grouped_tile_full_or_short(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        ks = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * K + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        bt = tl.load(b_ptr + offs_n[None, :] * K + ks[:, None], mask=(ks[:, None] < K) & (offs_n[None, :] < N),
+                     other=0.0)  # fmt: skip
+        acc = tl.dot(a, bt, acc)
+    acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_v2_bt_tile(a, b, a_scale, b_scale):
+    """q2's kernel on 64x32 tiles, GROUP_M = 4, 4 warps and 3 stages, a (BK, BN) tile of b^T."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(m, 64) * triton.cdiv(n, 32),)
+    _v2_bt_tile_kernel[grid](a, b, c, a_scale, b_scale, m, n, k, BM=64, BN=32, BK=128, GROUP_M=4, num_warps=4,
+                             num_stages=3)  # fmt: skip
+    return c
+
+
+@triton.jit
+def _v2_clamped_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = grouped_tile_column_first(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    a_ptrs = a_ptr + (offs_m % M).to(tl.int64)[:, None] * K + offs_k[None, :]  # wrapped rows, int64
+    b_ptrs = b_ptr + (offs_n % N).to(tl.int64)[:, None] * K + offs_k[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kb in tl.range(0, tl.cdiv(K, BK), num_stages=3):
+        k_left = K - kb * BK
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        acc = tl.dot(a, b.T, acc)
+        a_ptrs += BK
+        b_ptrs += BK
+    sa = tl.load(sa_ptr)
+    sb = tl.load(sb_ptr)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], (acc * sa * sb).to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_v2_clamped(a, b, a_scale, b_scale):
+    """q2's kernel on 128x64 tiles, GROUP_M = 2, 8 warps, the K loop pipelined by tl.range(num_stages=3),
+    rows past the edge wrapped back into the matrix (offs % M) instead of masked, int64 row offsets."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(m, 128) * triton.cdiv(n, 64),)
+    _v2_clamped_kernel[grid](a, b, c, a_scale, b_scale, m, n, k, BM=128, BN=64, BK=128, GROUP_M=2, num_warps=8)
+    return c
+
+
+@triton.jit
+def _rowwise_two_broadcasts_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BN)
+    pid_m, pid_n = pid // num_pid_n, pid % num_pid_n
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        ks = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * K + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        bt = tl.load(b_ptr + offs_n[None, :] * K + ks[:, None], mask=(ks[:, None] < K) & (offs_n[None, :] < N),
+                     other=0.0)  # fmt: skip
+        acc = tl.dot(a, bt, acc)
+    sa = tl.load(sa_ptr + offs_m, mask=offs_m < M, other=1.0)
+    sb = tl.load(sb_ptr + offs_n, mask=offs_n < N, other=1.0)
+    acc = acc * sa[:, None]  # the rows' scales, then the columns'
+    acc = acc * sb[None, :]
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_rowwise_two_broadcasts(a, b, a_scale, b_scale):
+    """q3 on 64x64 tiles with 4 warps, a (BK, BN) tile of b^T, the epilogue as two broadcast multiplies
+    (rows, then columns), scales loaded with other=1.0."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(m, 64) * triton.cdiv(n, 64),)
+    _rowwise_two_broadcasts_kernel[grid](
+        a, b, c, a_scale.contiguous(), b_scale.contiguous(), m, n, k, BM=64, BN=64, BK=128, num_warps=4
+    )
+    return c
+
+
+@triton.jit
+def _rowwise_gathered_scales_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    pid_m, pid_n = tl.program_id(1), tl.program_id(0)  # the grid's first axis runs along N
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    rows = tl.minimum(offs_m, M - 1).to(tl.int64)
+    cols = tl.minimum(offs_n, N - 1).to(tl.int64)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        ks = kb * BK + tl.arange(0, BK)
+        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=ks[None, :] < K, other=0.0)
+        b = tl.load(b_ptr + cols[:, None] * K + ks[None, :], mask=ks[None, :] < K, other=0.0)
+        acc = tl.dot(a, b.T, acc)
+    sa = tl.load(sa_ptr + rows[:, None])  # (BM, 1) from clamped indices: no masks needed
+    sb = tl.load(sb_ptr + cols[None, :])  # (1, BN)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], (acc * (sa * sb)).to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_rowwise_gathered_scales(a, b, a_scale, b_scale):
+    """q3 on 128x32 tiles with 8 warps on an N-major 2-D grid, clamped int64 row indices, the scales
+    loaded as (BM, 1) and (1, BN) tiles whose product broadcasts."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(n, 32), triton.cdiv(m, 128))
+    _rowwise_gathered_scales_kernel[grid](
+        a, b, c, a_scale.contiguous(), b_scale.contiguous(), m, n, k, BM=128, BN=32, BK=128, num_warps=8
+    )
+    return c
+
+
+@triton.jit
+def _rowwise_scaled_blocks_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BN)
+    offs_m = (pid // num_pid_n) * BM + tl.arange(0, BM)
+    offs_n = (pid % num_pid_n) * BN + tl.arange(0, BN)
+    sa = tl.load(sa_ptr + offs_m, mask=offs_m < M, other=0.0)
+    sb = tl.load(sb_ptr + offs_n, mask=offs_n < N, other=0.0)
+    s = sa[:, None] * sb[None, :]  # before the loop: the same for every K-block
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        ks = k0 + tl.arange(0, BK)
+        a = tl.load(a_ptr + offs_m[:, None] * K + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        b = tl.load(b_ptr + offs_n[:, None] * K + ks[None, :], mask=(offs_n[:, None] < N) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        acc += tl.dot(a, b.T) * s  # each K-block's product scaled and added in fp32 (promoted too)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_rowwise_scaled_blocks(a, b, a_scale, b_scale):
+    """q3 with the scales applied inside the K loop (they do not change along K, so it is the same sum),
+    each 128-K block a fresh tl.dot added in fp32; 64x128 tiles, 4 warps."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(m, 64) * triton.cdiv(n, 128),)
+    _rowwise_scaled_blocks_kernel[grid](
+        a, b, c, a_scale.contiguous(), b_scale.contiguous(), m, n, k, BM=64, BN=128, BK=128, num_warps=4
+    )
+    return c
+
+
+@triton.jit
+def _blockwise_fma_kernel(
+    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    n_kb = tl.cdiv(K, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kb in range(n_kb):
+        ks = kb * BK + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * K + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        bt = tl.load(b_ptr + offs_n[None, :] * K + ks[:, None], mask=(ks[:, None] < K) & (offs_n[None, :] < N),
+                     other=0.0)  # fmt: skip
+        part = tl.dot(a, bt)  # this K-block alone
+        sa = tl.load(as_ptr + offs_m * n_kb + kb, mask=offs_m < M, other=0.0)
+        sb = tl.load(bs_ptr + (offs_n // 128) * n_kb + kb, mask=offs_n < N, other=0.0)
+        acc = tl.fma(part, sa[:, None] * sb[None, :], acc)  # promotion: one rounding per block
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_blockwise_fma(a, b, a_scale, b_scale):
+    """q4 on 64x64 tiles with 4 warps (wgmma: the promotion matters), a (BK, BN) tile of b^T, each
+    K-block's product promoted by tl.fma into the fp32 sum."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(m, 64), triton.cdiv(n, 64))
+    _blockwise_fma_kernel[grid](
+        a, b, c, a_scale.contiguous(), b_scale.contiguous(), m, n, k, BM=64, BN=64, BK=128, num_warps=4
+    )
+    return c
+
+
+@triton.jit
+def _blockwise_one_weight_block_kernel(
+    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    tl.static_assert(BN == 128, "a tile's columns lie in one 128-row block of b: one weight scale per K-block")
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BM)
+    pid_m, pid_n = pid % num_pid_m, pid // num_pid_m
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    a_ptrs = a_ptr + offs_m.to(tl.int64)[:, None] * K + tl.arange(0, BK)[None, :]
+    b_ptrs = b_ptr + offs_n.to(tl.int64)[:, None] * K + tl.arange(0, BK)[None, :]
+    n_kb = tl.cdiv(K, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kb in tl.range(0, n_kb):
+        k_ok = tl.arange(0, BK)[None, :] < K - kb * BK
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_ok, other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_n[:, None] < N) & k_ok, other=0.0)
+        sa = tl.load(as_ptr + offs_m * n_kb + kb, mask=offs_m < M, other=0.0)
+        sb = tl.load(bs_ptr + pid_n * n_kb + kb)  # a scalar: the tile is one weight block wide
+        acc += tl.dot(a, b.T) * sa[:, None] * sb
+        a_ptrs += BK
+        b_ptrs += BK
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_blockwise_one_weight_block(a, b, a_scale, b_scale):
+    """q4 on 128x128 tiles with 8 warps in column-major order: each tile's columns are one 128-row block
+    of b, so its weight scale per K-block is a scalar load; int64 row offsets; tl.range."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(m, 128) * triton.cdiv(n, 128),)
+    _blockwise_one_weight_block_kernel[grid](
+        a, b, c, a_scale.contiguous(), b_scale.contiguous(), m, n, k, BM=128, BN=128, BK=128, num_warps=8
+    )
+    return c
+
+
+# -- q5: the FP8 linear layer, two more ways --------------------------------------------------------------
+
+
+def _rowwise_q(t, fmt):
+    r = Q.quantize_rowwise(t.contiguous(), fmt)
+    return r.q, r.s
+
+
+def _transposed_backward_linear():
+    """Both backward GEMMs computed transposed, dX^T = W^T dY^T and dW^T = X^T dY (C = A B^T with the
+    e4m3 operand as A and the e5m2 one as B), through the 64x64 rowwise kernel above."""
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            (x_q, x_s), (w_q, w_s) = _rowwise_q(x, "e4m3"), _rowwise_q(w, "e4m3")
+            return gemm_rowwise_two_broadcasts(x_q, w_q, x_s, w_s)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w = ctx.saved_tensors
+            dy = dy.contiguous()
+            wt_q, wt_s = _rowwise_q(w.t(), "e4m3")  # W^T (in, out): K = out
+            dy_q, dy_s = _rowwise_q(dy, "e5m2")  # dY (T, out): K = out
+            dx = gemm_rowwise_two_broadcasts(wt_q, dy_q, wt_s, dy_s).t()  # (in, T) -> (T, in)
+            xt_q, xt_s = _rowwise_q(x.t(), "e4m3")  # X^T (in, T): K = T
+            dyt_q, dyt_s = _rowwise_q(dy.t(), "e5m2")  # dY^T (out, T): K = T
+            dw = gemm_rowwise_two_broadcasts(xt_q, dyt_q, xt_s, dyt_s).t()  # (in, out) -> (out, in)
+            return dx.contiguous(), dw.contiguous()
+
+    return lambda x, w: Fn.apply(x, w)
+
+
+def power_of_two_rowwise(t, fmt):
+    """Per-row power-of-two scales S = 2^e >= amax / FP8_MAX, e from torch.frexp (an all-zero row: e = 0,
+    S = 1) and S built from its bits, so that x / S is exact before the (clamped) cast."""
+    tf = t.float().contiguous()
+    fp8_max = Q.FP8_MAX[fmt]
+    amax = tf.abs().amax(dim=1, keepdim=True)
+    _, e = torch.frexp(amax / fp8_max)  # amax / FP8_MAX = m * 2^e with m in [0.5, 1)
+    s = ((e.clamp(min=-126) + 127) << 23).view(torch.float32)  # 2^e, exactly, on any device
+    q = (tf / s).clamp(-fp8_max, fp8_max).to(Q.FP8_FORMATS[fmt])
+    return q, s
+
+
+class _PowerOfTwoLinearFn(torch.autograd.Function):
+    """The forward without ctx, and setup_context saving the wide inputs (torch's newer Function style)."""
+
+    @staticmethod
+    def forward(x, w):
+        qx, sx = power_of_two_rowwise(x, "e4m3")
+        qw, sw = power_of_two_rowwise(w, "e4m3")
+        return G.fp8_gemm_rowwise(qx, qw, sx, sw)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        qdy, sdy = power_of_two_rowwise(dy, "e5m2")
+        qwt, swt = power_of_two_rowwise(w.t(), "e4m3")
+        qdyt, sdyt = power_of_two_rowwise(dy.t(), "e5m2")
+        qxt, sxt = power_of_two_rowwise(x.t(), "e4m3")
+        dx = G.fp8_gemm_rowwise(qdy, qwt, sdy, swt)
+        dw = G.fp8_gemm_rowwise(qdyt, qxt, sdyt, sxt)
+        return dx, dw
+
+
+def power_of_two_linear(x, w):
+    return _PowerOfTwoLinearFn.apply(x, w)
+
+
+# -- q6: which layers, two more ways ------------------------------------------------------------------------
+
+
+def swap_by_rebuilt_lists(model):
+    """New ModuleLists of FP8Linear.from_linear for the blocks, assigned over the old ones."""
+    model.ups = torch.nn.ModuleList(L.FP8Linear.from_linear(m) for m in model.ups)
+    model.downs = torch.nn.ModuleList(L.FP8Linear.from_linear(m) for m in model.downs)
+    return model
+
+
+def swap_by_names_sharing_parameters(model):
+    """Every module named ups.i or downs.i found by named_modules, replaced through its parent by an
+    FP8Linear (per-row recipe) built at the layer's device and dtype and given the layer's own Parameters."""
+    for name, layer in list(model.named_modules()):
+        parent, _, child = name.rpartition(".")
+        if parent in ("ups", "downs") and isinstance(layer, torch.nn.Linear):
+            new = L.FP8Linear(layer.in_features, layer.out_features, layer.bias is not None,
+                              device=layer.weight.device, dtype=layer.weight.dtype,
+                              recipe=L.FP8Recipe(granularity="row"))  # fmt: skip
+            new.weight, new.bias = layer.weight, layer.bias
+            setattr(model.get_submodule(parent), child, new)
+    return model
+
+
+STUDENT_SOLUTIONS = {
+    "q1": {
+        "64x64 tiles, 4 warps, 2-D grid, a (BK, BN) tile of b^T": gemm_v1_bt_tile,
+        "128x128 tiles, 8 warps, column-major order, clamped rows": gemm_v1_column_order,
+    },
+    "q2": {
+        "full groups and the short one by tl.where; 64x32 tiles, b^T tile": (
+            grouped_tile_full_or_short,
+            gemm_v2_bt_tile,
+        ),
+        "column first, no % by the height; 128x64, 8 warps, wrapped rows": (
+            grouped_tile_column_first,
+            gemm_v2_clamped,
+        ),
+    },
+    "q3": {
+        "64x64, two broadcast multiplies, scales other=1.0": gemm_rowwise_two_broadcasts,
+        "128x32, 8 warps, N-major grid, (BM, 1) x (1, BN) scales": gemm_rowwise_gathered_scales,
+        "scales applied to every K-block's product": gemm_rowwise_scaled_blocks,
+    },
+    "q4": {
+        "64x64, 4 warps, promotion by tl.fma": gemm_blockwise_fma,
+        "128x128, 8 warps, a scalar weight scale per K-block": gemm_blockwise_one_weight_block,
+    },
+    "q5": {
+        "backward GEMMs computed transposed, own rowwise kernel": _transposed_backward_linear(),
+        "power-of-two row scales, setup_context, package GEMM": power_of_two_linear,
+    },
+    "q6": {
+        "rebuilt ModuleLists": swap_by_rebuilt_lists,
+        "named_modules, parameters assigned, per-row recipe": swap_by_names_sharing_parameters,
+    },
+}
+
+STUDENT_CASES = [(q, name) for q, rights in STUDENT_SOLUTIONS.items() for name in rights]
+
+
+@pytest.mark.parametrize("question, name", STUDENT_CASES, ids=str)
+def test_student_solution_passes(question, name, capsys):
+    assert set(STUDENT_SOLUTIONS) == set(CHECKS)
+    CHECKS[question](STUDENT_SOLUTIONS[question][name])
+    out = capsys.readouterr().out
+    assert out.startswith(f"{question} passed: "), out
+    print(out)
