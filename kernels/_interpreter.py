@@ -322,13 +322,21 @@ def _launch_quietly(self, *args, **kwargs):
         return _ORIGINAL_OPS["__call__"](self, *args, **kwargs)
 
 
+def _patch_lang_tensor(tensor, scope):
+    # Triton 3.6 converts a scalar to an index with int() of its (1,)-shaped array, which NumPy 2.4+
+    # refuses ("only 0-dimensional arrays"): a loop with a run-time bound would fail.  3.8 squeezes first.
+    _ORIGINAL_OPS["_patch_lang_tensor"](tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+
 # Reductions and scans are not builder hooks: Triton's interpreter runs them in these classes; the
-# grid executor runs a whole launch.
+# grid executor runs a whole launch; the per-launch patch of tl.tensor is a module function.
 _OP_PATCHES = {
     (_interp.ReduceOps, "sum"): _reduce_sum,
     (_interp.ReduceOps, "min_max"): _reduce_min_max,
     (_interp.ScanOps, "cumsum"): _scan_cumsum,
     (_interp.GridExecutor, "__call__"): _launch_quietly,
+    (_interp, "_patch_lang_tensor"): _patch_lang_tensor,
 }
 _ORIGINAL_OPS = {}
 
