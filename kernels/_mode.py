@@ -74,9 +74,10 @@ def select() -> bool:
         return False
     os.environ["TRITON_INTERPRET"] = "1"
     _reinterpret_early_kernels()
-    from kernels import _interpreter
+    from kernels import _interpreter, _jit_rules
 
     _interpreter.install()
+    _jit_rules.install()
     if not _ANNOUNCED:
         _ANNOUNCED = True
         print(

@@ -3,7 +3,17 @@
 ``WRONG_SOLUTIONS`` holds, per otter question, wrong solutions written the way a student would write
 them: a per-tensor Triton unscale with one mistake each, a hand-written scaler with one decision
 wrong, an RMSNorm kernel with narrow statistics or a misplaced eps, training steps in the wrong order.
+``STUDENT_SOLUTIONS`` holds right ones written the ways students write them (``tl.max`` or a sum of
+flags, a module constant declared ``tl.constexpr`` or a constexpr argument, masks with ``other=`` or
+``tl.where``...), each of which must pass.  A kernel that reads a module-level constant declares it
+``tl.constexpr``: compiled Triton refuses any other global, and so does CPU mode.
 """
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +25,7 @@ from kernels.checks import ExerciseNotDone, lab04, passes
 
 # -- q1: a student's unscale, one launch per tensor -------------------------------------------------------
 
-RIGHT, MISSES_NAN, DIVIDES, NARROW_INV, NO_STORE, CLEARS = range(6)
+RIGHT, MISSES_NAN, DIVIDES, NARROW_INV, NO_STORE, CLEARS = (tl.constexpr(i) for i in range(6))
 
 
 @triton.jit
@@ -137,7 +147,7 @@ class StateDictWithoutTracker(StudentScaler):
 
 # -- q3: a student's RMSNorm -----------------------------------------------------------------------------------
 
-STATS_FP32, STATS_BF16, DIVIDE_BY_BLOCK, EPS_OUTSIDE = range(4)
+STATS_FP32, STATS_BF16, DIVIDE_BY_BLOCK, EPS_OUTSIDE = (tl.constexpr(i) for i in range(4))
 
 
 @triton.jit
@@ -251,6 +261,235 @@ def step_without_clipping(model, optimizer, scaler, inputs, targets, autocast_dt
     return loss, skipped
 
 
+# -- right solutions, written the ways students write them ------------------------------------------------------
+
+UNSCALE_BLOCK = tl.constexpr(1024)  # a module-level constant a kernel reads: declared tl.constexpr
+
+
+@triton.jit
+def _unscale_with_module_block(g_ptr, found_ptr, inv_ptr, n):
+    offs = tl.program_id(0) * UNSCALE_BLOCK + tl.arange(0, UNSCALE_BLOCK)
+    mask = offs < n
+    x = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    inf_or_nan = (x != x) | (tl.abs(x) == float("inf"))
+    tl.store(g_ptr + offs, (x * tl.load(inv_ptr)).to(g_ptr.dtype.element_ty), mask=mask)
+    tl.store(found_ptr, 1.0, mask=tl.max(inf_or_nan.to(tl.int32), axis=0) == 1)
+
+
+def unscale_module_constant(grads, found_inf, inv_scale):
+    for g in grads:
+        grid = (triton.cdiv(g.numel(), UNSCALE_BLOCK.value),)
+        _unscale_with_module_block[grid](g, found_inf, inv_scale, g.numel())
+
+
+@triton.jit
+def _unscale_with_sum_of_flags(g_ptr, found_ptr, inv_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(g_ptr + offs, mask=offs < n)
+    x = tl.where(offs < n, x, 0).to(tl.float32)  # the masked lanes made zero with tl.where, not other=
+    bad = (x - x) != 0  # x - x is NaN for inf and NaN, 0 for every finite x
+    y = x * tl.load(inv_ptr)
+    tl.store(g_ptr + offs, y.to(g_ptr.dtype.element_ty), mask=offs < n)
+    count = tl.sum(tl.where(bad, 1, 0), axis=0)
+    tl.atomic_max(found_ptr, (count > 0).to(tl.float32))  # max(found, 0 or 1): set, never cleared
+
+
+def unscale_sum_of_flags(grads, found_inf, inv_scale):
+    for g in grads:
+        _unscale_with_sum_of_flags[(triton.cdiv(g.numel(), 512),)](g, found_inf, inv_scale, g.numel(), BLOCK=512)
+
+
+@triton.jit
+def _unscale_looping(g_ptr, found_ptr, inv_ptr, n, BLOCK: tl.constexpr):
+    inv = tl.load(inv_ptr)
+    offs = tl.arange(0, BLOCK)
+    seen = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, n, BLOCK):  # one program walks the whole tensor
+        mask = start + offs < n
+        x = tl.load(g_ptr + start + offs, mask=mask, other=1.0)
+        wide = x.to(tl.float32)
+        seen = tl.maximum(seen, (wide != wide).to(tl.int32))
+        seen = tl.maximum(seen, (tl.abs(wide) == float("inf")).to(tl.int32))
+        tl.store(g_ptr + start + offs, (wide * inv).to(x.dtype), mask=mask)
+    if tl.max(seen, axis=0) > 0:
+        tl.store(found_ptr, 1.0)
+
+
+def unscale_one_program_per_tensor(grads, found_inf, inv_scale):
+    for g in grads:
+        _unscale_looping[(1,)](g, found_inf, inv_scale, g.numel(), BLOCK=2048)
+
+
+class TensorStateScaler:
+    """GradScaler's decisions with the scale and the growth tracker kept as 0-dim device tensors."""
+
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self.init_scale, self.growth_factor, self.backoff_factor = init_scale, growth_factor, backoff_factor
+        self.growth_interval, self.tracker_start = growth_interval, 0
+        self.S = self.tracker = self.found = None
+
+    def scale(self, loss):
+        if self.S is None:
+            self.S = torch.tensor(self.init_scale, dtype=torch.float32, device=loss.device)
+            self.tracker = torch.tensor(self.tracker_start, dtype=torch.int32, device=loss.device)
+        return loss * self.S
+
+    def unscale_(self, optimizer):
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        self.found = torch.zeros((), dtype=torch.float32, device=self.S.device)
+        amp.foreach_non_finite_check_and_unscale_(grads, self.found, self.S.double().reciprocal().float())
+
+    def step(self, optimizer):
+        if self.found is None:
+            self.unscale_(optimizer)
+        if self.found.item() == 0:
+            optimizer.step()
+
+    def update(self):
+        overflow = self.found > 0
+        clean = torch.where(overflow, torch.zeros_like(self.tracker), self.tracker + 1)
+        grow = clean == self.growth_interval
+        self.S = torch.where(
+            overflow, self.S * self.backoff_factor, torch.where(grow, self.S * self.growth_factor, self.S)
+        )
+        self.tracker = torch.where(grow, torch.zeros_like(clean), clean)
+        self.found = None
+
+    def get_scale(self):
+        return self.init_scale if self.S is None else self.S.item()
+
+    def state_dict(self):
+        tracker = self.tracker_start if self.tracker is None else int(self.tracker.item())
+        return {
+            "scale": self.get_scale(),
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+            "_growth_tracker": tracker,
+        }
+
+    def load_state_dict(self, state):
+        self.init_scale, self.growth_factor = state["scale"], state["growth_factor"]
+        self.backoff_factor, self.growth_interval = state["backoff_factor"], state["growth_interval"]
+        self.tracker_start, self.S, self.tracker = state["_growth_tracker"], None, None
+
+
+@triton.jit
+def _rms_fwd_rsqrt(x_ptr, w_ptr, y_ptr, rstd_ptr, N, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask)
+    x = tl.where(mask, x.to(tl.float32), 0.0)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) * (1.0 / N) + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * N + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _rms_bwd_rows(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_rows_ptr, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(rstd_ptr + row)
+    x_hat = x * rstd
+    c = tl.sum(x_hat * w * dy, axis=0) / N
+    tl.store(dx_ptr + row * N + cols, (rstd * (w * dy - x_hat * c)).to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dw_rows_ptr + row * N + cols, dy * x_hat, mask=mask)  # fp32, summed over rows on the host
+
+
+def rms_forward_rsqrt(x, w, eps):
+    m, n = x.shape
+    y = torch.empty_like(x)
+    rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+    _rms_fwd_rsqrt[(m,)](x, w, y, rstd, n, eps, BLOCK=triton.next_power_of_2(n))
+    return y, rstd
+
+
+def rms_backward_rows(dy, x, w, rstd):
+    m, n = x.shape
+    dx = torch.empty_like(x)
+    dw_rows = torch.empty((m, n), dtype=torch.float32, device=x.device)
+    _rms_bwd_rows[(m,)](dy, x, w, rstd, dx, dw_rows, n, BLOCK=triton.next_power_of_2(n))
+    return dx, dw_rows.sum(0).to(w.dtype)
+
+
+def step_zero_grad_first(model, optimizer, scaler, inputs, targets, autocast_dtype, max_norm):
+    optimizer.zero_grad()
+    with torch.autocast(device_type=inputs.device.type, dtype=autocast_dtype):
+        logits = model(inputs)
+    loss = torch.nn.functional.cross_entropy(logits.float(), targets)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    skipped = scaler.found_inf(optimizer)
+    scaler.update()
+    return loss, skipped
+
+
+def step_skip_seen_in_the_scale(model, optimizer, scaler, inputs, targets, autocast_dtype, max_norm):
+    with torch.autocast(inputs.device.type, dtype=autocast_dtype):
+        loss = torch.nn.functional.cross_entropy(model(inputs).float(), targets)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, max_norm)
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach(), scaler.get_scale() < before  # the scale backs off exactly when the step was skipped
+
+
+STUDENT_SOLUTIONS = {
+    "q1": {
+        "module constant declared tl.constexpr, tl.max of the flags": unscale_module_constant,
+        "constexpr argument, x - x != 0, tl.where mask, atomic_max": unscale_sum_of_flags,
+        "one program looping over the tensor, if on tl.max": unscale_one_program_per_tensor,
+    },
+    "q2": {
+        "Python floats": StudentScaler,
+        "0-dim tensors and torch.where": TensorStateScaler,
+    },
+    "q3": {
+        "1/tl.sqrt, other=0.0, package backward": (student_rms_forward(STATS_FP32), amp.rmsnorm_backward),
+        "tl.rsqrt, tl.where mask, per-row dw summed on the host": (rms_forward_rsqrt, rms_backward_rows),
+    },
+    "q4": {
+        "zero_grad first, found_inf": step_zero_grad_first,
+        "skip read from the scale, clip over the param groups": step_skip_seen_in_the_scale,
+    },
+}
+STUDENT_CASES = [(q, name) for q, rights in STUDENT_SOLUTIONS.items() for name in rights]
+
+
+# -- a plain global in a student kernel: refused, as the compiler refuses it -----------------------------------
+
+CHECK_NAN = True  # not tl.constexpr
+
+
+@triton.jit
+def _unscale_reading_a_plain_global(g_ptr, found_ptr, inv_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    bad = tl.abs(x) == float("inf")
+    if CHECK_NAN:
+        bad = bad | (x != x)
+    tl.store(g_ptr + offs, (x * tl.load(inv_ptr)).to(g_ptr.dtype.element_ty), mask=mask)
+    tl.store(found_ptr, 1.0, mask=tl.max(bad.to(tl.int32), axis=0) > 0)
+
+
+def unscale_reading_a_plain_global(grads, found_inf, inv_scale):
+    for g in grads:
+        _unscale_reading_a_plain_global[(triton.cdiv(g.numel(), 1024),)](g, found_inf, inv_scale, g.numel(), BLOCK=1024)
+
+
 WRONG_SOLUTIONS = {
     "q1": {
         "NaN not detected": student_unscale(MISSES_NAN),
@@ -338,6 +577,93 @@ def test_the_student_style_right_solutions_pass():
     lab04.check_unscale(student_unscale(RIGHT))
     lab04.check_scaler(StudentScaler)
     lab04.check_rmsnorm((student_rms_forward(STATS_FP32), amp.rmsnorm_backward))
+
+
+@pytest.mark.parametrize("question, name", STUDENT_CASES)
+def test_student_style_right_solution_passes(question, name, capsys):
+    CHECKS[question](STUDENT_SOLUTIONS[question][name])
+    assert f"{question} passed" in capsys.readouterr().out
+
+
+def test_every_question_has_two_student_style_right_solutions():
+    assert set(STUDENT_SOLUTIONS) == set(CHECKS)
+    assert all(len(rights) >= 2 for rights in STUDENT_SOLUTIONS.values())
+
+
+def test_a_kernel_reading_a_plain_global_is_refused_through_the_check():
+    # CPU mode refuses it before it runs, as compiled Triton refuses to compile it; the check reports
+    # the compiler's message (the global, and how to declare it) instead of a traceback.
+    with pytest.raises(AssertionError) as info:
+        lab04.check_unscale(unscale_reading_a_plain_global)
+    message = str(info.value)
+    assert message.startswith("q1: unscale_ raised CompilationError: Cannot access global variable CHECK_NAN"), message
+    assert "tl.constexpr" in message
+    assert not isinstance(info.value, ExerciseNotDone)
+
+
+# The student kernels of this file, with the signature compiled Triton sees (compiled for sm_90 below).
+_UNSCALE = {"g_ptr": "*bf16", "found_ptr": "*fp32", "inv_ptr": "*fp32", "n": "i32"}
+_RMS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rstd_ptr": "*fp32", "N": "i32", "eps": "fp32"}
+_RMS_BWD = {"dy_ptr": "*bf16", "x_ptr": "*bf16", "w_ptr": "*bf16", "rstd_ptr": "*fp32", "dx_ptr": "*bf16"}
+STUDENT_KERNELS = {
+    **{
+        f"unscale MODE={int(m)}": (_student_unscale_kernel, _UNSCALE, {"MODE": m, "BLOCK": 4096})
+        for m in (RIGHT, MISSES_NAN, DIVIDES, NARROW_INV, NO_STORE, CLEARS)
+    },
+    **{
+        f"rms MODE={int(m)}": (_student_rms_fwd, _RMS, {"MODE": m, "BLOCK": 1024})
+        for m in (STATS_FP32, STATS_BF16, DIVIDE_BY_BLOCK, EPS_OUTSIDE)
+    },
+    "unscale, module constant": (_unscale_with_module_block, _UNSCALE, {}),
+    "unscale, sum of flags": (_unscale_with_sum_of_flags, _UNSCALE, {"BLOCK": 512}),
+    "unscale, looping": (_unscale_looping, _UNSCALE, {"BLOCK": 2048}),
+    "rms, rsqrt": (_rms_fwd_rsqrt, _RMS, {"BLOCK": 1024}),
+    "rms backward, rows": (_rms_bwd_rows, {**_RMS_BWD, "dw_rows_ptr": "*fp32", "N": "i32"}, {"BLOCK": 1024}),
+    "reads a plain global": (_unscale_reading_a_plain_global, _UNSCALE, {"BLOCK": 1024}),
+}
+
+
+def compiled_verdicts() -> dict:
+    """Compile every student kernel with the installed compiler (compiled mode); for the refused one,
+    what call_student makes of the compiler's error."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.checks import call_student
+
+    verdicts = {}
+    for name, (kernel, signature, constexprs) in STUDENT_KERNELS.items():
+        signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+        source = ASTSource(kernel, signature, constexprs=constexprs)
+        try:
+            triton.compile(source, target=GPUTarget("cuda", 90, 32))
+            verdicts[name] = "compiled"
+        except Exception as error:
+
+            def refused(error=error):
+                raise error
+
+            try:
+                call_student(refused, name="unscale_", question="q1")
+            except AssertionError as report:
+                verdicts[name] = str(report)
+    return verdicts
+
+
+def test_student_kernels_compile_and_the_refusal_reads_the_same_compiled():
+    # compiled Triton (in a child process in compiled mode; no GPU needed to compile for sm_90) compiles
+    # every student kernel here, and refuses the one reading a plain global with the diagnosis CPU mode gives
+    code = "import json, tests.test_checks_lab04 as t; print('VERDICTS', json.dumps(t.compiled_verdicts()))"
+    env = {**os.environ, "KERNELS_INTERPRET": "0", "TRITON_INTERPRET": "0"}
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("VERDICTS ")]
+    assert lines, done.stdout[-2000:] + done.stderr[-2000:]
+    verdicts = json.loads(lines[-1].removeprefix("VERDICTS "))
+    refused = verdicts.pop("reads a plain global")
+    assert refused.startswith("q1: unscale_ raised CompilationError: Cannot access global variable CHECK_NAN"), refused
+    assert "declare it `CHECK_NAN = tl.constexpr(...)`, or pass it as a `tl.constexpr` argument" in refused
+    assert verdicts == dict.fromkeys(verdicts, "compiled"), verdicts
 
 
 @pytest.mark.parametrize("question, name", CASES)

@@ -54,6 +54,32 @@ def call_student(fn, *args, name: str, question: str):
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
             raise AssertionError(f"{question}: {name}: {cause}") from e
+        # A kernel the compiler refuses (compiled mode), or that CPU mode refuses as the compiler would
+        # (kernels._jit_rules, possibly wrapped by the interpreter): its str is "at L:C:", the source and
+        # a caret; the diagnosis is the last line of the innermost one, in both lanes.
+        import ast
+        import re
+
+        from triton.compiler.errors import CompilationError
+
+        refusal = e
+        while refusal is not None and not isinstance(refusal, CompilationError):
+            refusal = refusal.__cause__ or refusal.__context__
+        while refusal is not None and isinstance(refusal.__cause__, CompilationError):
+            refusal = refusal.__cause__  # a refused @jit helper: the compiler chains the helper's error
+        if refusal is not None:
+            lines = [line.strip() for line in str(refusal).splitlines() if line.strip()]
+            line = lines[-1] if lines else ""
+            wrapped = re.fullmatch(r"[A-Za-z_][\w.]*\((?P<text>(?P<q>['\"]).*(?P=q))\)", line)
+            if wrapped:  # the compiler shows the underlying error as its repr: NameError("...")
+                try:
+                    line = ast.literal_eval(wrapped["text"])
+                except (ValueError, SyntaxError):
+                    pass
+            glob = re.search(r"Cannot access global variable (\w+)", line)
+            if glob and "tl.constexpr(" not in line:
+                line += f" (declare it `{glob[1]} = tl.constexpr(...)`, or pass it as a `tl.constexpr` argument)"
+            raise AssertionError(f"{question}: {name} raised CompilationError: {line}") from e
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise AssertionError(f"{question}: {name} raised {type(e).__name__}: {first}") from e
     if out is None:
