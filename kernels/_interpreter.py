@@ -46,9 +46,10 @@ from triton.runtime import interpreter as _interp
 
 from kernels import _hopper_math, hopper_mma
 
-# The versions whose interpreter this correction was checked against (tests/test_interpreter.py).
-# On 3.6 the casts pass too, but its max/min and dot hooks differ; CPU mode pins 3.8.
-TESTED_TRITON = ("3.8",)
+# The versions whose interpreter this correction was checked against (tests/test_interpreter.py and
+# tests/test_hopper_math.py pass on both): CPU mode pins 3.8; 3.6 is the GPU image's, where the grader's
+# CPU-mode children run.
+TESTED_TRITON = ("3.6", "3.8")
 
 _NUMPY = {
     "fp32": np.float32,
@@ -211,6 +212,16 @@ def _create_fdiv(self, lhs, rhs):
     return _ORIGINAL["create_fdiv"](self, lhs, rhs)
 
 
+def _create_maxnumf(self, lhs, rhs):
+    # tl.maximum's default (propagate_nan=NONE): the number wins over NaN.  Triton 3.6's interpreter
+    # used np.maximum here (NaN wins); 3.8 uses np.fmax, as the GPU does.
+    return self.binary_op(lhs, rhs, np.fmax)
+
+
+def _create_minnumf(self, lhs, rhs):
+    return self.binary_op(lhs, rhs, np.fmin)
+
+
 def _approximate(op):
     def create(self, arg):
         if _name(arg.dtype) == "fp32":
@@ -269,6 +280,8 @@ _PATCHES = {
     "create_clampf": _create_clampf,
     "create_dot": _create_dot,
     "create_fdiv": _create_fdiv,
+    "create_maxnumf": _create_maxnumf,
+    "create_minnumf": _create_minnumf,
     **{f"create_{op}": _approximate(op) for op in _hopper_math.UNARY},
 }
 
