@@ -160,13 +160,13 @@ def _division_smell(amax: torch.Tensor, s_got: torch.Tensor, s_want: torch.Tenso
     return ""
 
 
-def _inverse_smell(x2, s_want, got_c, want_c, expand, inv_want) -> str:
+def _inverse_smell(x2, s_want, got_c, expand) -> str:
     """Scales right, codes not: was 1/S computed with an approximate ``/``?"""
     sw = s_want.numpy().astype(np.float32)
-    approx = torch.from_numpy(_hopper_math.div(np.float32(1.0), sw).astype(np.float32))
-    if torch.equal(approx, inv_want):
+    approx = _hopper_math.div(np.float32(1.0), sw).astype(np.float32)
+    if np.array_equal(approx, (1.0 / s_want).numpy()):  # every group's 1/S comes out right either way
         return ""
-    codes = _codes(Q._encode_ref(x2, expand(approx), FMT)).reshape(got_c.shape)
+    codes = _codes(Q._encode_ref(x2, expand(torch.from_numpy(approx)), FMT)).reshape(got_c.shape)
     if np.array_equal(got_c, codes):
         return (
             "alpha = 1/S is not correctly rounded: the codes are x times 1.0 / S computed with `/` (approximate on the "
@@ -282,10 +282,8 @@ def diagnose(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, kind: str, **kw)
         inv_want = (
             expand(1.0 / s_want) if kind != "mxfp8" else expand(Q._e8m0_inv_ref(want.s.cpu().reshape(amax.shape)))
         )
-        inverse = (
-            _inverse_smell(x2, s_want, got_c, want_c, expand, s_want.new_ones(()) / s_want) if kind != "mxfp8" else ""
-        )
-        if bad_c.any() and inverse:
+        inverse = _inverse_smell(x2, s_want, got_c, expand) if bad_c.any() and kind != "mxfp8" else ""
+        if inverse:
             found.append(inverse)
         elif bad_c.any():
             twice = _codes(Q._encode_ref(x2, inv_want * inv_want, FMT)).reshape(m, k)
