@@ -95,13 +95,18 @@ DEFAULT_TIMEOUT_S = 600
 # (VmPeak measured after the imports); 8 GB leaves room for the labs' largest CPU arrays.
 DEFAULT_MEMORY_GB = 8.0
 DEFAULT_OUTPUT_MB = 2.0
+DEFAULT_DISK_MB = 256.0
+DEFAULT_PROCESSES = 256  # torch's thread pools count too
 
 STATUS_ORDER = [
     "not-a-notebook",
     "unknown-lab",
     "timeout",
     "memory",
+    "killed",
     "crashed",
+    "exited-early",
+    "grader-error",
     "forbidden-read",
     "forbidden-write",
     "forbidden-exec",
@@ -286,13 +291,16 @@ def identify(path: Path, labs: dict, forced_lab: str | None = None) -> Submissio
 # Isolation of one submission
 
 
+UNSHARE = ("-rmnpf", "--mount-proc")  # user, mount, network and PID namespaces, with the namespace's own /proc
+
+
 def namespaces_available() -> bool:
-    """True if unprivileged user, mount and network namespaces work here (``unshare -rmn``)."""
+    """True if unprivileged user, mount, network and PID namespaces work here (``unshare -rmnpf``)."""
     exe = shutil.which("unshare")
     if not exe:
         return False
     try:
-        done = subprocess.run([exe, "-rmn", "true"], capture_output=True, timeout=20)
+        done = subprocess.run([exe, *UNSHARE, "true"], capture_output=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
@@ -305,6 +313,8 @@ class Limits:
     output_mb: float = DEFAULT_OUTPUT_MB
     namespaces: bool = True
     cpu_s: float | None = None  # CPU seconds (RLIMIT_CPU); None: the same as timeout_s
+    disk_mb: float = DEFAULT_DISK_MB  # the sandbox's one writable folder (a tmpfs of this size)
+    processes: int = DEFAULT_PROCESSES  # processes and threads inside the sandbox (RLIMIT_NPROC)
 
     @property
     def cpu_limit(self) -> int:
@@ -368,24 +378,39 @@ def _warm_caches(scratch: Path) -> Path:
 
 
 def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, scratch: Path) -> dict:
-    """Run one submission in a child process and return its raw events summarised as a result."""
+    """Grade one submission: its notebook runs in a sandbox, its questions are judged by a second process
+    that never runs student code (see :mod:`kernels.grade_rpc`); returns their events summarised."""
     workdir = Path(tempfile.mkdtemp(prefix="sub-", dir=scratch))
     if (scratch / "cache").is_dir():
         shutil.copytree(scratch / "cache", workdir / "tmp", ignore=shutil.ignore_patterns("tmp"))
     else:
         (workdir / "tmp").mkdir()
     shutil.copyfile(sub.path, workdir / f"{lab.name}.ipynb")
+    judge_dir = workdir.with_name(workdir.name + "-judge")
+    judge_dir.mkdir()
+    names = sorted({n for row in lab.summary() for n in row[4]})
+    requests_r, requests_w = os.pipe()  # judge -> sandbox
+    answers_r, answers_w = os.pipe()  # sandbox -> judge
+    events_r, events_w = os.pipe()  # sandbox -> grader: what each cell did (told, not trusted)
+    verdicts_r, verdicts_w = os.pipe()  # judge -> grader: the scores
     spec = {
         "notebook": f"{lab.name}.ipynb",
         "workdir": str(workdir),
+        "scratch": str(scratch),
         "hidden": [str(p) for p in hidden_paths],
         "root": str(ROOT),
         "output_bytes": int(limits.output_mb * 2**20),
         "namespaces": limits.namespaces,
+        "disk_bytes": int(limits.disk_mb * 2**20),
+        "processes": limits.processes,
+        "names": names,
+        "events_fd": events_w,
+        "requests_fd": requests_r,
+        "answers_fd": answers_w,
     }
     cmd = [sys.executable, "-m", "kernels.grade", "--child", json.dumps(spec)]
-    if limits.namespaces:
-        cmd = [shutil.which("unshare"), "-rmn", *cmd]
+    if limits.namespaces:  # the namespace's init starts the sandbox and passes on how it ended
+        cmd = [shutil.which("unshare"), *UNSHARE, sys.executable, str(ROOT / "kernels" / "_sandbox_init.py"), cmd[-1]]
     memory = int(limits.memory_gb * 2**30)
     file_cap = int(limits.output_mb * 2**20) * 4 + 64 * 2**20  # the child's own files: logs, caches
 
@@ -398,60 +423,120 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_cap, file_cap))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
-    events_r, events_w = os.pipe()
-    spec["events_fd"] = events_w  # pass_fds keeps the number
-    cmd[-1] = json.dumps(spec)
+    judge_spec = {"events_fd": verdicts_w, "answers_fd": answers_r, "requests_fd": requests_w}
     log = open(workdir / "tmp" / "child.log", "wb")
+    judge_log = open(judge_dir / "judge.log", "wb")
     started = time.monotonic()
+    procs = []
     try:
         proc = subprocess.Popen(
             cmd,
             cwd=workdir,
             env=_child_env(workdir),
-            stdin=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            pass_fds=(events_w,),
+            pass_fds=(events_w, requests_r, answers_w),
             preexec_fn=limit_child,
             start_new_session=True,
         )
+        procs.append(proc)
+        judge = subprocess.Popen(
+            [sys.executable, "-m", "kernels.grade", "--judge", json.dumps(judge_spec)],
+            cwd=judge_dir,
+            env=_judge_env(judge_dir),
+            stdin=subprocess.PIPE,
+            stdout=judge_log,
+            stderr=judge_log,
+            pass_fds=(verdicts_w, answers_r, requests_w),
+            start_new_session=True,
+        )
+        procs.append(judge)
     finally:
-        os.close(events_w)
+        for fd in (events_w, requests_r, answers_w, verdicts_w, answers_r, requests_w):
+            os.close(fd)
         log.close()
+        judge_log.close()
+        if len(procs) < 2:
+            _stop(procs)
+            os.close(events_r)
+            os.close(verdicts_r)
     with _RUNNING_LOCK:
-        _RUNNING.add(proc)
-    events, buffer, timed_out, sent_tests = [], b"", False, False
+        _RUNNING.update(procs)
+    try:  # the tests exist only in the judge, never in the sandbox
+        judge.stdin.write(json.dumps(lab.tests).encode())
+        judge.stdin.close()
+    except OSError:
+        pass
+    events, verdicts, timed_out = [], [], False
+    streams = {events_r: (events, b""), verdicts_r: (verdicts, b"")}
     deadline = started + limits.timeout_s
     try:
-        while True:
+        while verdicts_r in streams:  # until the judge is done; the sandbox may still be serving
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            ready, _, _ = select.select([events_r], [], [], min(left, 1.0))
-            if not ready:
-                continue
-            chunk = os.read(events_r, 1 << 16)
-            if not chunk:
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                try:
-                    event = json.loads(line)
-                except ValueError:
+            ready, _, _ = select.select(list(streams), [], [], min(left, 1.0))
+            for fd in ready:
+                into, buffer = streams[fd]
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    os.close(fd)
+                    del streams[fd]
                     continue
-                events.append(event)
-                if event.get("event") == "executed" and not sent_tests:
-                    sent_tests = True
-                    try:  # the tests exist in the child only from now on
-                        proc.stdin.write(json.dumps(lab.tests).encode())
-                        proc.stdin.close()
-                    except OSError:
-                        pass
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                streams[fd] = (into, buffer[-(1 << 20) :])  # a line longer than 1 MB is not an event
+                for line in lines:
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(event, dict):
+                        into.append(event)
+        # The judge closed its end, so a sandbox that is still serving sees the end of its requests and
+        # exits by itself; give it a moment before the kill, so that its own exit status is what counts.
+        end = min(deadline, time.monotonic() + 5) if not timed_out else 0
+        while _running(proc) and time.monotonic() < end:
+            time.sleep(0.05)
     finally:
-        os.close(events_r)
-        try:  # the whole group: a timed-out child, and anything it left behind
+        for fd in list(streams):
+            os.close(fd)
+        exited = not _running(proc)
+        statuses = _stop(procs)
+        with _RUNNING_LOCK:
+            _RUNNING.difference_update(procs)
+    elapsed = time.monotonic() - started
+    returncode, cpu_s = statuses[0]
+    if limits.namespaces and returncode > 128:  # the sandbox's init reports a death by signal N as 128 + N
+        returncode = 128 - returncode
+    if not exited and not timed_out:
+        returncode = 0  # still serving when the judge had finished: stopped by the grader, not dead
+    log_tail = (workdir / "tmp" / "child.log").read_bytes()[-4000:].decode("utf-8", "replace")
+    judge_tail = (judge_dir / "judge.log").read_bytes()[-4000:].decode("utf-8", "replace")
+    shutil.rmtree(workdir, ignore_errors=True)
+    shutil.rmtree(judge_dir, ignore_errors=True)
+    if returncode in (-signal.SIGXCPU, -signal.SIGKILL) and cpu_s >= limits.cpu_limit - 1:
+        timed_out = "cpu"
+    result = summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail, verdicts, judge_tail)
+    result["cpu_seconds"] = round(cpu_s, 1)
+    return result
+
+
+def _running(proc) -> bool:
+    """Whether ``proc`` has not exited yet, without reaping it (its exit status and CPU time stay for
+    :func:`_stop`)."""
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
+def _stop(procs) -> list:
+    """Kill each process's whole group (a sandbox's PID namespace dies with it); [(exit code, CPU s)]."""
+    out = []
+    for proc in procs:
+        try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
@@ -459,35 +544,67 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
         try:
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
-            cpu_s = usage.ru_utime + usage.ru_stime
+            out.append((proc.returncode, usage.ru_utime + usage.ru_stime))
         except ChildProcessError:
             proc.wait()
-            cpu_s = float("nan")
-        with _RUNNING_LOCK:
-            _RUNNING.discard(proc)
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-    elapsed = time.monotonic() - started
-    log_tail = (workdir / "tmp" / "child.log").read_bytes()[-4000:].decode("utf-8", "replace")
-    shutil.rmtree(workdir, ignore_errors=True)
-    if proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and cpu_s >= limits.cpu_limit - 1:
-        timed_out = "cpu"
-    result = summarise(sub, lab, events, proc.returncode, timed_out, elapsed, limits, log_tail)
-    result["cpu_seconds"] = round(cpu_s, 1)
-    return result
+            out.append((proc.returncode, float("nan")))
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                with _suppress():
+                    stream.close()
+    return out
 
 
-def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail="") -> dict:
-    """Turn the child's events into a result: points per question, feedback, status and flags."""
+def _judge_env(judge_dir: Path) -> dict:
+    (judge_dir / "tmp").mkdir(exist_ok=True)
+    return _child_env(judge_dir)  # CPU mode, no GPU: the references run as the sandbox's code does
+
+
+FORBIDDEN = ("forbidden-read", "forbidden-write", "forbidden-exec")
+
+
+def _told(events: list) -> list:
+    """The sandbox's events, kept only in the shapes the grader reads (the sandbox ran student code, so
+    what it says is told, never trusted for a score: it can only describe the notebook's own cells)."""
+    kinds = {
+        "cell": {"index": int, "error": str, "syntax": bool, "memory": bool},
+        "started": {"index": int},
+        "executed": {},
+        "violation": {"status": str, "detail": str},
+        "oob": {"message": str},
+        "output-capped": {},
+        "setup-error": {"error": str},
+    }
+    kept = []
+    for e in events:
+        fields = kinds.get(e.get("event"))
+        if fields is None:
+            continue
+        clean = {"event": e["event"]}
+        for name, kind in fields.items():
+            if isinstance(e.get(name), kind) and not (kind is int and isinstance(e.get(name), bool)):
+                clean[name] = e[name][:2000] if kind is str else e[name]
+        if e["event"] == "violation" and clean.get("status") not in FORBIDDEN:
+            continue
+        if e["event"] in ("cell", "started") and "index" not in clean:
+            continue
+        kept.append(clean)
+    return kept
+
+
+def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail="", verdicts=(), judge_log="") -> dict:
+    """Turn the sandbox's events and the judge's verdicts into a result: points per question, feedback,
+    status and flags."""
     flags, notes = [], []
-    cells = [e for e in events if e.get("event") == "cell"]
-    cases = [e for e in events if e.get("event") == "case"]
-    violations = [e for e in events if e.get("event") == "violation"]
-    executed = any(e.get("event") == "executed" for e in events)
-    finished = any(e.get("event") == "done" for e in events)
-    setup = next((e for e in events if e.get("event") == "setup-error"), None)
+    events = _told(events)
+    cells = [e for e in events if e["event"] == "cell"]
+    violations = [e for e in events if e["event"] == "violation"]
+    setup = next((e for e in events if e["event"] == "setup-error"), None)
+    cases = [e for e in verdicts if e.get("event") == "case"]
+    served = any(e.get("event") == "served" for e in verdicts)
+    gone = next((e for e in verdicts if e.get("event") == "sandbox-gone"), None)
+    judged = any(e.get("event") == "done" for e in verdicts)
+    judge_error = next((e for e in verdicts if e.get("event") == "judge-error"), None)
 
     def flag(status, note):
         if status not in flags:
@@ -495,41 +612,53 @@ def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail
         if note not in notes:
             notes.append(note)
 
+    running_cell = next((e for e in reversed(events) if e["event"] == "started"), None)
+    in_cell = f"in cell {running_cell['index'] + 1}" if running_cell else "before its first cell"
+    scoring = next((e.get("question") for e in reversed(verdicts) if e.get("event") == "started"), None)
+    where = f"while scoring {scoring}" if served and scoring else "while scoring" if served else in_cell
     if timed_out:
-        where = "while scoring" if executed else f"in cell {cells[-1]['index'] + 1 if cells else 1}"
-        running = next((e for e in reversed(events) if e.get("event") == "started"), None)
-        if running and not executed:
-            where = f"in cell {running['index'] + 1}"
-        elif running and executed:
-            where = f"while scoring {running.get('question', '')}".rstrip()
         spent = f"{limits.cpu_limit} s of CPU time" if timed_out == "cpu" else f"{limits.timeout_s:g} s"
         flag("timeout", f"stopped after {spent} {where} (an infinite loop?)")
     if any(e.get("memory") for e in cells) or any(c.get("memory") for c in cases):
         flag("memory", f"ran out of memory (limit {limits.memory_gb:g} GB of address space)")
-    if not timed_out and not finished and returncode not in (0, None):
+    if not timed_out and returncode not in (0, None):
         if returncode < 0:
-            name = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else -returncode
-            if name == "SIGKILL":
-                flag("memory", f"the process was killed (SIGKILL; the memory limit is {limits.memory_gb:g} GB)")
-            else:
-                flag("crashed", f"the process died of {name}")
-        else:
-            flag("crashed", f"the process exited with status {returncode}")
+            signum = -returncode
+            name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
+            if signum == signal.SIGKILL and "memory" not in flags:
+                flag(
+                    "killed",
+                    f"the notebook's process was killed (SIGKILL) {where}, not by the grader: by the system "
+                    f"(out of memory?) or by the notebook itself",
+                )
+            elif signum != signal.SIGKILL:
+                flag("crashed", f"the process died of {name} {where}")
+        elif not served or gone:
+            flag("exited-early", f"the notebook's process exited (status {returncode}) {where}")
+    if gone and not timed_out and not flags:
+        flag(
+            "exited-early",
+            f"the notebook's process ended {where} (os._exit, or sys.exit outside a cell?): "
+            + ("nothing could be scored" if not served else "the questions after it were not scored"),
+        )
+    if judge_error or (not judged and not timed_out and not gone):
+        detail = judge_error.get("error") if judge_error else judge_log.strip().splitlines()[-1:] or ["no result"]
+        flag("grader-error", f"the judge failed (the grader's fault, not the student's): {str(detail)[:500]}")
     for v in violations:
         flag(v["status"], v["detail"])
-    oob = [e for e in events if e.get("event") == "oob"]
+    oob = [e for e in events if e["event"] == "oob"]
     if oob:
-        flag("out-of-bounds", oob[0]["message"])
-    if any(e.get("event") == "output-capped" for e in events):
+        flag("out-of-bounds", oob[0].get("message", "a kernel read or wrote outside its tensors"))
+    if any(e["event"] == "output-capped" for e in events):
         flag("output-capped", f"printed more than {limits.output_mb:g} MB; the rest of the output was dropped")
     syntax = [e for e in cells if e.get("syntax")]
     if syntax:
-        flag("syntax-error", f"cell {syntax[0]['index'] + 1}: {syntax[0]['error']}")
-    if cells and executed and all(e.get("error") for e in cells):
+        flag("syntax-error", f"cell {syntax[0]['index'] + 1}: {syntax[0].get('error', '')}")
+    if cells and served and all(e.get("error") for e in cells):
         flag("all-cells-failed", f"all {len(cells)} code cells raised an exception")
     missing = [c for c in cases if c.get("missing")]
     if missing:
-        flag("missing-function", "not defined: " + ", ".join(sorted({c["missing"] for c in missing})))
+        flag("missing-function", "not defined: " + ", ".join(sorted({str(c["missing"]) for c in missing})))
     errors = [e for e in cells if e.get("error") and not e.get("syntax")]
     if errors and "all-cells-failed" not in flags:
         flag(
@@ -538,7 +667,7 @@ def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail
             f"{errors[0]['error']}",
         )
     if setup:
-        flag("crashed", f"the grading process could not start: {setup['error']}")
+        flag("crashed", f"the grading process could not start: {setup.get('error', '')}")
     order = {s: i for i, s in enumerate(STATUS_ORDER)}
     flags.sort(key=order.get)
     status = flags[0] if flags else "ok"
@@ -546,13 +675,14 @@ def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail
     questions = {}
     for q in lab.questions:
         qcases = [c for c in cases if c["question"] == q]
-        possible = qcases[0]["possible"] if qcases else _question_points(lab.tests[q])
+        possible = _question_points(lab.tests[q])  # from the tests alone, whatever happened
         if not qcases:
-            why = "not scored: " + (notes[0] if flags and flags[0] in ("timeout", "memory", "crashed") else "no result")
+            serious = flags and flags[0] in ("timeout", "memory", "killed", "crashed", "exited-early", "grader-error")
+            why = "not scored: " + (notes[0] if serious else "no result")
             questions[q] = {"points": 0.0, "possible": possible, "cases": [], "note": why}
             continue
         questions[q] = {
-            "points": qcases[0]["score"],
+            "points": min(qcases[0]["score"], possible),
             "possible": possible,
             "cases": [{k: c[k] for k in ("name", "hidden", "passed", "message")} for c in qcases],
             "note": "",
@@ -572,7 +702,7 @@ def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail
         "total": total,
         "possible": possible,
         "seconds": round(elapsed, 1),
-        "log_tail": log_tail if status in ("crashed",) else "",
+        "log_tail": (log_tail if status in ("crashed", "killed") else judge_log if status == "grader-error" else ""),
     }
 
 
@@ -724,28 +854,58 @@ def install_bounds_check(report=None):
     builder.create_masked_store = create_masked_store
 
 
-def _mount_hidden(root: Path, hidden: list, workdir: Path):
-    """Inside a fresh user+mount namespace: repository read-only, hidden paths covered by empty tmpfs."""
+def _seal(spec: dict):
+    """Inside fresh user, mount, network and PID namespaces: make the whole file system read-only, cover
+    the hidden paths, and give the sandbox one writable, size-capped folder (a tmpfs over the scratch
+    folder holding only this submission's files), then lock those mounts and cap the process count."""
     import ctypes
+    import resource
 
     libc = ctypes.CDLL(None, use_errno=True)
-    MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+    kept = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1024, "nodiratime": 2048}
+    kept["relatime"] = 1 << 21
 
     def mount(src, target, fstype, flags, data):
-        if libc.mount(src, target, fstype, flags, data) != 0:
+        if libc.mount(src, str(target).encode(), fstype, flags, data) != 0:
             errno = ctypes.get_errno()
-            raise OSError(errno, f"mount {target.decode()}: {os.strerror(errno)}")
+            raise OSError(errno, f"mount {target}: {os.strerror(errno)}")
 
-    r = str(root).encode()
-    if not str(workdir).startswith(str(root) + os.sep):
-        mount(r, r, None, MS_BIND | MS_REC, None)
-        mount(None, r, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC, None)
-    for path in hidden:
-        p = Path(path)
-        if p.is_dir() and not str(workdir).startswith(str(p) + os.sep):
-            mount(b"tmpfs", str(p).encode(), b"tmpfs", MS_RDONLY, b"size=4k,mode=0555")
-        elif p.is_file():
-            mount(b"/dev/null", str(p).encode(), None, MS_BIND, None)
+    workdir, scratch = Path(spec["workdir"]), Path(spec["scratch"])
+    files = {}  # this submission's own files, carried over into its tmpfs
+    for path in sorted(workdir.rglob("*")):
+        files[path.relative_to(workdir)] = None if path.is_dir() else path.read_bytes()
+    for path in map(Path, spec["hidden"]):
+        if path == scratch or scratch in path.parents:
+            continue
+        if path.is_dir():
+            mount(b"tmpfs", path, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k,mode=0555")
+        elif path.is_file():
+            mount(b"/dev/null", path, None, MS_BIND, None)
+    size = f"size={int(spec['disk_bytes'])},mode=0700".encode()
+    mount(b"tmpfs", scratch, b"tmpfs", MS_NOSUID | MS_NODEV, size)  # other submissions' folders vanish
+    workdir.mkdir(parents=True)
+    for rel, data in files.items():
+        if data is None:
+            (workdir / rel).mkdir(parents=True, exist_ok=True)
+        else:
+            (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / rel).write_bytes(data)
+    # Everything else read-only: each mount remounted with its own locked flags plus MS_RDONLY.
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")
+            mounts.append((point, fields[5]))
+    for point, options in sorted(mounts, key=lambda m: m[0].count("/")):
+        if point == str(scratch) or point == "/proc" or point.startswith("/proc/"):
+            continue
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+        for option in options.split(","):
+            flags |= kept.get(option, 0)
+        with _suppress():  # a mount that cannot be remounted (gone, or not ours) stays as it was
+            mount(None, point, None, flags, None)
     # Lock those mounts: in a user and mount namespace nested inside this one, mounts made here can be
     # neither unmounted nor remounted writable (the kernel's "locked mounts"), not even by this process.
     CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
@@ -756,19 +916,28 @@ def _mount_hidden(root: Path, hidden: list, workdir: Path):
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
+    # counted per user namespace: this sandbox's processes and threads only
+    resource.setrlimit(resource.RLIMIT_NPROC, (spec["processes"], spec["processes"]))
+
+
+def _leave_group():
+    """In the sandbox: a process group of its own, so that a signal the notebook sends to "its group"
+    (``os.kill(0, ...)``) reaches nothing outside the sandbox."""
+    with _suppress():
+        os.setpgid(0, 0)
 
 
 def _child(spec: dict) -> int:
-    """The grading process of one submission: execute its cells, then score with the tests from stdin."""
+    """The sandbox of one submission: execute its cells, then serve the graded names to the judge."""
+    if spec["namespaces"]:
+        _leave_group()
     events_fd = spec["events_fd"]
-    # stdin carries the tests later; the cells get an empty stdin (input() must not wait for them)
-    tests_fd = os.dup(0)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # input() must not wait
     lock = threading.Lock()
 
     def emit(**event):
         data = (json.dumps(event, default=str) + "\n").encode()
-        with lock:
+        with lock, _suppress():
             os.write(events_fd, data)
 
     workdir = Path(spec["workdir"])
@@ -776,17 +945,17 @@ def _child(spec: dict) -> int:
     hidden = [Path(p) for p in spec["hidden"]]
     try:
         if spec["namespaces"]:
-            _mount_hidden(root, hidden, workdir)
+            _seal(spec)
         os.chdir(workdir)
         # Everything the grader needs is imported before the first student line runs.
         import nbformat
         import numpy  # noqa: F401
         import torch  # noqa: F401
         from IPython.core.inputtransformer2 import TransformerManager
-        from otter.test_files.exception_test import ExceptionTestFile
 
         import kernels  # noqa: F401
         import kernels.checks  # noqa: F401
+        from kernels import grade_rpc
 
         install_bounds_check(lambda message: emit(event="oob", message=message))
         nb = nbformat.read(spec["notebook"], as_version=4)
@@ -799,7 +968,6 @@ def _child(spec: dict) -> int:
     capped = _Capped(out_file, spec["output_bytes"], lambda: emit(event="output-capped"))
     sys.stdout = sys.stderr = capped
 
-    state = {"oob": ""}
     hook = _audit_hook(workdir, root, hidden, emit)
     sys.addaudithook(hook)
 
@@ -825,17 +993,50 @@ def _child(spec: dict) -> int:
         emit(**record)
     sys.stdout.flush()
     emit(event="executed")
+    # The tests never come here: the judge asks for the graded names' values, and for calls on them.
+    try:
+        grade_rpc.serve(spec["requests_fd"], spec["answers_fd"], ns, spec["names"])
+    except BaseException as e:  # noqa: BLE001 - a broken connection, or the student's code breaking it
+        emit(event="serve-error", error=f"{type(e).__name__}: {e}"[:500])
+    sys.stdout = real_stdout
+    emit(event="done")
+    out_file.close()
+    return 0
 
-    # Only now do the tests exist in this process; a fresh copy of the checks is imported for them.
-    with os.fdopen(tests_fd, "rb") as f:
-        tests = json.loads(f.read() or b"{}")
-    for name in [m for m in sys.modules if m.startswith("kernels.checks")]:
-        del sys.modules[name]
+
+def _judge(spec: dict) -> int:
+    """The judge of one submission: runs the lab's otter tests (from stdin) against the sandbox's graded
+    names, as :class:`kernels.grade_rpc.Remote` proxies.  It never runs student code; its events on
+    ``events_fd`` are the only source of scores."""
+    tests = json.loads(sys.stdin.buffer.read() or b"{}")
+    events_fd = spec["events_fd"]
+
+    def emit(**event):
+        os.write(events_fd, (json.dumps(event, default=str) + "\n").encode())
+
+    try:
+        from otter.test_files.exception_test import ExceptionTestFile
+
+        import kernels  # noqa: F401
+        import kernels.checks  # noqa: F401
+        from kernels import grade_rpc
+
+        client = grade_rpc.Client(spec["answers_fd"], spec["requests_fd"])
+    except BaseException as e:  # noqa: BLE001
+        emit(event="judge-error", error=f"{type(e).__name__}: {e}"[:500])
+        return 1
+    try:
+        ns = client.hello()
+    except grade_rpc.ProtocolError as e:
+        emit(event="sandbox-gone", question=None, error=str(e)[:500])
+        emit(event="done")
+        return 0
+    emit(event="served", names=sorted(ns))
     for q in sorted(tests, key=_natural):
         emit(event="started", question=q)
         try:
             tf = ExceptionTestFile.from_string(tests[q], path=q)
-            tf.run(ns)
+            tf.run(dict(ns))
         except BaseException as e:  # noqa: BLE001
             emit(
                 event="case",
@@ -849,6 +1050,9 @@ def _child(spec: dict) -> int:
                 **_describe(e),
             )
             continue
+        if client.gone:  # the sandbox died during this question: its results say nothing
+            emit(event="sandbox-gone", question=q, error=client.gone)
+            break
         for result in tf.test_case_results:
             case = result.test_case
             message = result.message.replace("✅ Test case passed", "").replace("❌ Test case failed\n", "")
@@ -871,9 +1075,7 @@ def _child(spec: dict) -> int:
                 message=message.strip()[:4000],
                 **info,
             )
-    sys.stdout = real_stdout
-    emit(event="done", oob=state["oob"])
-    out_file.close()
+    emit(event="done")
     return 0
 
 
@@ -1279,6 +1481,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--child"]:
         return _child(json.loads(argv[1]))
+    if argv[:1] == ["--judge"]:
+        return _judge(json.loads(argv[1]))
     parser = argparse.ArgumentParser(
         prog="python -m kernels.grade",
         description=__doc__.splitlines()[0],

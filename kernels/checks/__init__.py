@@ -10,6 +10,13 @@ solution.
 The helpers here are shared by every lab's checks: calling a student function so that an unfinished
 exercise reads as "not done yet" rather than as a traceback, and asking quietly whether a check passes
 so that a notebook can fall back to the package's kernel.
+
+In a notebook the student's objects are the real thing.  In the batch grader they are
+:class:`kernels.grade_rpc.Remote` proxies for objects that live in the submission's sandbox: the checks
+run in a process that never runs student code, so they ask about a student object only through what a
+proxy supports (calls, attributes, items) and the helpers here (:func:`is_class`,
+:func:`is_triton_function`), and run any part that needs the student's live objects (a model, an
+optimizer, autograd) with :func:`student_side`, which returns plain data.
 """
 
 import contextlib
@@ -33,7 +40,7 @@ def call_student(fn, *args, name: str, question: str):
     if fn is None or fn is Ellipsis:
         raise ExerciseNotDone(f"{question}: {name} is not defined yet: exercise not done yet")
     if not callable(fn):
-        raise AssertionError(f"{question}: {name} must be a function, got {type(fn).__name__}")
+        raise AssertionError(f"{question}: {name} must be a function, got {type_name(fn)}")
     import kernels
 
     if kernels.INTERPRETER:  # the batch grader's bounds check, so that both give the same verdict
@@ -87,6 +94,45 @@ def call_student(fn, *args, name: str, question: str):
     return out
 
 
+def student_side(func, *args, **kwargs):
+    """``func(*args, **kwargs)``, run where the student's objects among ``args`` live.
+
+    ``func`` is a module-level function (or class) of the package.  In a notebook that is this process;
+    in the batch grader it is the submission's sandbox, and the result comes back as plain data (an
+    object that is not plain data comes back as a proxy).  Use it for the part of a check that drives
+    student objects through live state (training steps, autograd), and keep the comparison with the
+    reference out of ``func``."""
+    from kernels.grade_rpc import run_student_side
+
+    return run_student_side(func, args, kwargs)
+
+
+def type_name(obj) -> str:
+    """``type(obj).__name__``; for the grader's proxy of a student object, the student object's type."""
+    from kernels.grade_rpc import Remote
+
+    if isinstance(obj, Remote):
+        return obj._info.get("type") or "object"
+    return type(obj).__name__
+
+
+def is_class(obj) -> bool:
+    """True for a class, and for the grader's proxy of a student's class."""
+    from kernels.grade_rpc import remote_kind
+
+    return isinstance(obj, type) or remote_kind(obj) == "class"
+
+
+def is_triton_function(obj) -> bool:
+    """True for a ``@triton.jit`` function (an ``InterpretedFunction`` in CPU mode), and for the grader's
+    proxy of one."""
+    import triton
+
+    from kernels.grade_rpc import remote_is_triton_function
+
+    return isinstance(obj, triton.runtime.KernelInterface) or remote_is_triton_function(obj)
+
+
 @dataclass(frozen=True)
 class InputSet:
     """A check's fixed inputs: fp32 bit patterns, each labelled with the group it belongs to."""
@@ -125,4 +171,14 @@ def passes(check, fn) -> bool:
     return True
 
 
-__all__ = ["ExerciseNotDone", "InputSet", "call_student", "constant_output", "passes"]
+__all__ = [
+    "ExerciseNotDone",
+    "InputSet",
+    "call_student",
+    "constant_output",
+    "is_class",
+    "is_triton_function",
+    "passes",
+    "student_side",
+    "type_name",
+]

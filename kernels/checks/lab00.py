@@ -19,7 +19,7 @@ import torch
 
 import kernels
 from kernels import bf16
-from kernels.checks import InputSet, call_student, constant_output
+from kernels.checks import InputSet, call_student, constant_output, type_name
 from kernels.testing import STANDARD_SHAPES, bits, check_kernel
 
 ABS = 0x7FFFFFFF
@@ -281,7 +281,7 @@ def check_round_bf16_bits(fn) -> None:
         )
     if not isinstance(out, torch.Tensor):
         raise AssertionError(
-            f"{question}: wrong type: {name} returned {type(out).__name__}, want a torch.Tensor of integers"
+            f"{question}: wrong type: {name} returned {type_name(out)}, want a torch.Tensor of integers"
         )
     if out.shape != arg.shape:
         raise AssertionError(
@@ -309,7 +309,7 @@ def check_round_bf16(fn) -> None:
     keep = bits(x).copy()
     out = call_student(fn, x, name=name, question=question)
     if not isinstance(out, torch.Tensor):
-        raise AssertionError(f"{question}: wrong type: returned {type(out).__name__}, want a torch.Tensor")
+        raise AssertionError(f"{question}: wrong type: returned {type_name(out)}, want a torch.Tensor")
     if out.dtype != torch.bfloat16 or out.shape != x.shape:
         raise AssertionError(
             f"{question}: wrong dtype/shape: returned {out.dtype} of shape {tuple(out.shape)}, "

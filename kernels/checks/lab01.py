@@ -27,7 +27,7 @@ import torch
 
 import kernels
 from kernels import formats
-from kernels.checks import InputSet, call_student, constant_output
+from kernels.checks import InputSet, call_student, constant_output, type_name
 from kernels.testing import STANDARD_SHAPES, bits, check_kernel
 
 ABS = 0x7FFFFFFF
@@ -214,7 +214,7 @@ def check_decode(fn) -> None:
         if not torch.equal(arg, codes):
             raise AssertionError(f"{question}: {name} changed its argument bits in place; leave the input alone")
         if not isinstance(out, torch.Tensor):
-            raise AssertionError(f"{question}: wrong type: {name} returned {type(out).__name__}, want a torch.Tensor")
+            raise AssertionError(f"{question}: wrong type: {name} returned {type_name(out)}, want a torch.Tensor")
         if out.shape != codes.shape:
             raise AssertionError(
                 f"{question}: wrong shape for {f.name}: {name} returned {tuple(out.shape)}, want {tuple(codes.shape)}"
@@ -559,7 +559,7 @@ def check_encode(fn) -> None:
         out = call_student(fn, x, fmt, name=name, question=question)
         dtype = formats.TORCH_DTYPES[fmt]
         if not isinstance(out, torch.Tensor):
-            raise AssertionError(f"{question}: wrong type: returned {type(out).__name__}, want a torch.Tensor")
+            raise AssertionError(f"{question}: wrong type: returned {type_name(out)}, want a torch.Tensor")
         if out.dtype != dtype or out.shape != x.shape:
             raise AssertionError(
                 f"{question}: wrong dtype/shape for {fmt}: returned {out.dtype} of shape {tuple(out.shape)}, "
@@ -624,7 +624,7 @@ def check_format_table(fn) -> None:
     for f in SMALL_FORMATS:
         row = call_student(fn, f, name=name, question=question)
         if not isinstance(row, dict):
-            raise AssertionError(f"{question}: wrong type: {name} returned {type(row).__name__}, want a dict")
+            raise AssertionError(f"{question}: wrong type: {name} returned {type_name(row)}, want a dict")
         missing = [k for k in TABLE_KEYS if k not in row]
         if missing:
             raise AssertionError(f"{question}: {name}({f.name}) returned a dict without {missing}")
@@ -706,9 +706,7 @@ def check_fnuz_vs_ocp(fn) -> None:
     for ocp, fnuz in FNUZ_PAIRS:
         out = call_student(fn, ocp, fnuz, name=name, question=question)
         if not isinstance(out, tuple | list) or len(out) != 2:
-            raise AssertionError(
-                f"{question}: {name} must return two lists (differ, not_halved), got {type(out).__name__}"
-            )
+            raise AssertionError(f"{question}: {name} must return two lists (differ, not_halved), got {type_name(out)}")
         differ = _as_byte_list(out[0], "differ", question)
         not_halved = _as_byte_list(out[1], "not_halved", question)
         want_differ, want_not_halved = fnuz_vs_ocp_reference(ocp, fnuz)

@@ -26,7 +26,7 @@ import torch
 import kernels
 from kernels import _hopper_math
 from kernels import quantize as Q
-from kernels.checks import call_student
+from kernels.checks import call_student, type_name
 
 FMT = "e4m3"
 GROUPS = {"tensor": None, "row": None, "1x128": (1, 128), "128x128": (128, 128), "mxfp8": (1, 32)}
@@ -98,11 +98,11 @@ def _reference(x, kind, **kw):
 
 def _unpack(out, question, name):
     if not isinstance(out, tuple | list) or len(out) != 2:
-        raise AssertionError(f"{question}: {name} must return (q, S), a pair; got {type(out).__name__}")
+        raise AssertionError(f"{question}: {name} must return (q, S), a pair; got {type_name(out)}")
     q, s = out
     for v, what in ((q, "q"), (s, "S")):
         if not isinstance(v, torch.Tensor):
-            raise AssertionError(f"{question}: {name} returned {what} of type {type(v).__name__}, want a torch.Tensor")
+            raise AssertionError(f"{question}: {name} returned {what} of type {type_name(v)}, want a torch.Tensor")
     return q, s
 
 
@@ -564,7 +564,7 @@ def check_dequantize(fn) -> None:
         if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != torch.float32:
             raise AssertionError(
                 f"{question}: dequantize(..., {kind!r}) must return fp32 of shape {tuple(want.shape)}, got "
-                f"{getattr(got, 'dtype', type(got).__name__)} {tuple(getattr(got, 'shape', ()))}"
+                f"{getattr(got, 'dtype', type_name(got))} {tuple(getattr(got, 'shape', ()))}"
             )
         g, w = got.cpu(), want.cpu()
         nan_g, nan_w = torch.isnan(g), torch.isnan(w)

@@ -24,7 +24,7 @@ import torch
 
 import kernels
 from kernels import accumulate, formats, stochastic
-from kernels.checks import call_student
+from kernels.checks import call_student, type_name
 from kernels.testing import bits
 
 
@@ -34,7 +34,7 @@ def _device() -> str:
 
 def _tensor(out, question, dtype, shape, what):
     if not isinstance(out, torch.Tensor):
-        raise AssertionError(f"{question}: {what} must return a torch.Tensor, got {type(out).__name__}")
+        raise AssertionError(f"{question}: {what} must return a torch.Tensor, got {type_name(out)}")
     if out.dtype != dtype or tuple(out.shape) != tuple(shape):
         raise AssertionError(
             f"{question}: {what} returned {out.dtype} of shape {tuple(out.shape)}, want {dtype} of shape {tuple(shape)}"
@@ -470,7 +470,7 @@ def check_quantize(fn) -> None:
         x = quantize_inputs(amax)
         out = call_student(fn, x.to(dev), name=name, question=question)
         if not (isinstance(out, tuple) and len(out) == 2):
-            raise AssertionError(f"{question}: {name} must return (q, scale), got {type(out).__name__}")
+            raise AssertionError(f"{question}: {name} must return (q, scale), got {type_name(out)}")
         q, scale = out
         _tensor(q, question, torch.float8_e4m3fn, x.shape, f"{name}'s q")
         s = float(scale)

@@ -25,7 +25,7 @@ import torch
 
 import kernels
 from kernels import amp
-from kernels.checks import call_student
+from kernels.checks import call_student, is_class, student_side, type_name
 from kernels.testing import bits
 
 
@@ -189,6 +189,9 @@ class _Twin:
         finite = all(bool(torch.isfinite(a).all()) for a in after)
         return stepped, finite
 
+    def params(self) -> list:
+        return [p.detach().clone() for p in self.model.parameters()]
+
 
 def _scale_of(scaler, who):
     return float(call_student(lambda: scaler.get_scale(), name=f"{who}.get_scale", question="q2"))
@@ -198,12 +201,13 @@ def check_scaler(cls) -> None:
     """q2: ``cls(**SCALER_ARGS)`` makes the decisions of ``torch.amp.GradScaler``: same scale after
     every step, same skipped steps, same growth after ``growth_interval`` clean steps, same parameters,
     same ``state_dict``; and a state saved mid-run restores into a fresh instance."""
-    if not isinstance(cls, type):
+    if not is_class(cls):
         if cls is None or callable(cls):
             call_student(cls, name="the scaler class", question="q2")  # None / stubs: "not done yet"
-        raise AssertionError(f"q2: pass the class itself, got {type(cls).__name__}")
+        raise AssertionError(f"q2: pass the class itself, got {type_name(cls)}")
     scaler = call_student(lambda: cls(**SCALER_ARGS), name=f"{cls.__name__}(**SCALER_ARGS)", question="q2")
-    ours, ref = _Twin(scaler), _Twin(torch.amp.GradScaler(_device(), **SCALER_ARGS))
+    # the student's twin lives with the student's scaler (in the grader: the submission's sandbox)
+    ours, ref = student_side(_Twin, scaler), _Twin(torch.amp.GradScaler(_device(), **SCALER_ARGS))
     last_overflow = None
     for i, poison in enumerate(SCRIPT):
         scale_before = _scale_of(ours.scaler, "scaler")
@@ -236,7 +240,7 @@ def check_scaler(cls) -> None:
                 f"q2: after step {i} ({what}) the scale is {got:g}, GradScaler's is {want:g}"
                 + (" (growth comes after growth_interval consecutive clean steps: off by one?)" if not poison else "")
             )
-        for a, b in zip(ours.model.parameters(), ref.model.parameters(), strict=True):
+        for a, b in zip(ours.params(), ref.params(), strict=True):
             if not torch.equal(a, b):
                 rel = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
                 raise AssertionError(
@@ -400,6 +404,32 @@ def _step_model():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(_device())
 
 
+def _step_twin():
+    model = _step_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    return model, opt, amp.DynamicLossScaler(init_scale=2.0**20, growth_interval=2)
+
+
+class _StepTwin:
+    """The student's side of q4's check: a model, its optimizer and scaler, stepped by ``step_fn``."""
+
+    def __init__(self, step_fn):
+        self.step_fn = step_fn
+        self.model, self.opt, self.scaler = _step_twin()
+
+    def step(self, x, y, autocast_dtype, max_norm):
+        """(parameters before, parameters after, loss scale after) one call of ``step_fn``."""
+        before = [p.detach().clone() for p in self.model.parameters()]
+        out = call_student(
+            lambda: self.step_fn(self.model, self.opt, self.scaler, x, y, autocast_dtype, max_norm),
+            name="train_step",
+            question="q4",
+        )
+        if not (isinstance(out, tuple | list) and len(out) == 2):
+            raise AssertionError("q4: train_step must return (loss, skipped)")
+        return before, [p.detach().clone() for p in self.model.parameters()], float(self.scaler.get_scale())
+
+
 def check_train_step(step_fn, autocast_dtype=torch.float16) -> None:
     """q4: ``step_fn(model, optimizer, scaler, inputs, targets, autocast_dtype, max_norm) -> (loss, skipped)``
     trains twin models exactly like :func:`kernels.amp.train_step`: same skipped steps, same loss
@@ -409,37 +439,25 @@ def check_train_step(step_fn, autocast_dtype=torch.float16) -> None:
     data = [
         (torch.randn(32, 8, generator=g).to(dev), torch.randint(0, 4, (32,), generator=g).to(dev)) for _ in range(10)
     ]
-    twins = []
-    for _ in range(2):
-        model = _step_model()
-        twins.append((model, torch.optim.SGD(model.parameters(), lr=0.5), amp.DynamicLossScaler(
-            init_scale=2.0**20, growth_interval=2)))  # fmt: skip
-    (model, opt, scaler), (ref_model, ref_opt, ref_scaler) = twins
+    # the student's twin lives with the student's function (in the grader: the submission's sandbox)
+    ours, (ref_model, ref_opt, ref_scaler) = student_side(_StepTwin, step_fn), _step_twin()
     max_norm = 0.05  # small: clipping is active on every step
     skips = 0
 
     for i, (x, y) in enumerate(data):
-        before = [p.detach().clone() for p in model.parameters()]
-        out = call_student(
-            lambda x=x, y=y: step_fn(model, opt, scaler, x, y, autocast_dtype, max_norm),
-            name="train_step",
-            question="q4",
-        )
-        if not (isinstance(out, tuple | list) and len(out) == 2):
-            raise AssertionError("q4: train_step must return (loss, skipped)")
+        before, params, scale = ours.step(x, y, autocast_dtype, max_norm)
         ref_before = [p.detach().clone() for p in ref_model.parameters()]
         _, ref_skipped = amp.train_step(ref_model, ref_opt, ref_scaler, x, y, autocast_dtype, max_norm)
         skips += int(ref_skipped)
-        params = list(model.parameters())
         if not all(bool(torch.isfinite(p).all()) for p in params):
             raise AssertionError(
                 f"q4: after step {i} the parameters are inf/NaN: the optimizer stepped on overflowed gradients "
                 f"(call scaler.step(optimizer), which skips the step, not optimizer.step())"
             )
-        if scaler.get_scale() != ref_scaler.get_scale():
+        if scale != ref_scaler.get_scale():
             raise AssertionError(
-                f"q4: after step {i} the loss scale is {scaler.get_scale():g}, want {ref_scaler.get_scale():g}"
-                + (": it never changed: scaler.update() is not called" if scaler.get_scale() == 2.0**20 else "")
+                f"q4: after step {i} the loss scale is {scale:g}, want {ref_scaler.get_scale():g}"
+                + (": it never changed: scaler.update() is not called" if scale == 2.0**20 else "")
             )
         with torch.no_grad():
             delta = torch.cat([(p - b).reshape(-1) for p, b in zip(params, before, strict=True)])

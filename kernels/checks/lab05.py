@@ -32,7 +32,7 @@ import kernels
 from kernels import fp8_gemm as G
 from kernels import fp8_linear as L
 from kernels import quantize as Q
-from kernels.checks import call_student, constant_output
+from kernels.checks import call_student, constant_output, is_triton_function, student_side, type_name
 
 CHECK_SHAPES = {
     "q1": ((64, 64, 256), (7, 40, 144)),
@@ -120,7 +120,7 @@ def _diagnose(question, name, got, qa, qb, scaling, want=None):
     """Raise AssertionError naming the mistake that fits ``got``; return quietly if it is right."""
     m, n = qa.q.shape[0], qb.q.shape[0]
     if not isinstance(got, torch.Tensor):
-        raise AssertionError(f"{question}: {name} must return a torch.Tensor, got {type(got).__name__}")
+        raise AssertionError(f"{question}: {name} must return a torch.Tensor, got {type_name(got)}")
     if tuple(got.shape) != (m, n):
         raise AssertionError(f"{question}: {name} returned shape {tuple(got.shape)}, want (M, N) = {(m, n)}")
     if got.dtype != torch.bfloat16:
@@ -186,6 +186,17 @@ def _tile_probe(out_ptr, num_pid_m, num_pid_n, FN: tl.constexpr, GROUP_M: tl.con
     tl.store(out_ptr + 2 * pid + 1, pid_n, mask=mask)
 
 
+def _probe_tiles(fn, m: int, n: int, gm: int) -> list:
+    """[(pid_m, pid_n)] that ``fn`` gives programs 0 .. m*n-1 (the student's part of q2's check)."""
+    out = torch.full((2 * m * n,), -1, dtype=torch.int32, device=_device())
+    try:
+        _tile_probe[(1,)](out, m, n, FN=fn, GROUP_M=gm, BLOCK=64)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise AssertionError(f"q2: grouped_tile raised {type(e).__name__}: {first}") from e
+    return out.reshape(-1, 2).tolist()
+
+
 TILE_GRIDS = ((5, 7, 2), (8, 3, 4), (9, 4, 8), (1, 6, 8), (6, 1, 2))  # (num_pid_m, num_pid_n, GROUP_M)
 
 
@@ -203,16 +214,10 @@ def grouped_order(num_pid_m: int, num_pid_n: int, group_m: int) -> list:
 def check_grouped_order(fn):
     """q2 (order): ``fn(pid, num_pid_m, num_pid_n, GROUP_M)``, a ``@triton.jit`` function, gives every
     tile exactly once, in grouped order, on grids whose last group is short."""
-    if not isinstance(fn, triton.runtime.KernelInterface):  # JITFunction, or InterpretedFunction in CPU mode
+    if not is_triton_function(fn):  # JITFunction, or InterpretedFunction in CPU mode
         raise AssertionError("q2: grouped_tile must be a @triton.jit function (it is called inside the kernel)")
     for m, n, gm in TILE_GRIDS:
-        out = torch.full((2 * m * n,), -1, dtype=torch.int32, device=_device())
-        try:
-            _tile_probe[(1,)](out, m, n, FN=fn, GROUP_M=gm, BLOCK=64)
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise AssertionError(f"q2: grouped_tile raised {type(e).__name__}: {first}") from e
-        got = [tuple(p) for p in out.reshape(-1, 2).tolist()]
+        got = [tuple(p) for p in student_side(_probe_tiles, fn, m, n, gm)]
         want = grouped_order(m, n, gm)
         if got == want:
             continue
@@ -302,9 +307,8 @@ def _linear_data():
     return x.to(torch.bfloat16).to(dev), w.to(torch.bfloat16).to(dev), dy.to(torch.bfloat16).to(dev)
 
 
-def check_fp8_linear(fn):
-    """q5: ``fn(x, w)`` -> ``x @ w.T`` through FP8, with gradients for both."""
-    x, w, dy = _linear_data()
+def _linear_forward_backward(fn, x, w, dy):
+    """(y, dx, dw) of ``fn`` through autograd (the student's part of q5's check)."""
     xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
     y = call_student(fn, xs, ws, name="fp8_linear_fn", question="q5")
     if not isinstance(y, torch.Tensor) or tuple(y.shape) != (x.shape[0], w.shape[0]):
@@ -319,13 +323,17 @@ def check_fp8_linear(fn):
         ) from e
     if xs.grad is None or ws.grad is None:
         raise AssertionError("q5: backward must return gradients for both x and w (dX and dW), not None")
+    return y.detach(), xs.grad, ws.grad
+
+
+def check_fp8_linear(fn):
+    """q5: ``fn(x, w)`` -> ``x @ w.T`` through FP8, with gradients for both."""
+    x, w, dy = _linear_data()
+    y, dx, dw = student_side(_linear_forward_backward, fn, x, w, dy)
     xb, wb = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
     yb = xb @ wb.T
     yb.backward(dy)
-    errs = {
-        name: L.relative_error(g, b)
-        for name, g, b in (("y", y, yb), ("dx", xs.grad, xb.grad), ("dw", ws.grad, wb.grad))
-    }
+    errs = {name: L.relative_error(g, b) for name, g, b in (("y", y, yb), ("dx", dx, xb.grad), ("dw", dw, wb.grad))}
     shown = ", ".join(f"{k} {v:.4f}" for k, v in errs.items())
     if errs["y"] > L.BF16_TOLERANCE["y"]:
         ratio = (y.detach().double().abs().median() / yb.detach().double().abs().median()).item()
@@ -340,7 +348,7 @@ def check_fp8_linear(fn):
             f"q5: Y equals the bf16 product to {errs['y']:.1e}: the forward GEMM did not go through FP8 "
             f"(quantize x and w to e4m3 and call the FP8 GEMM)"
         )
-    for name, g in (("dX", xs.grad), ("dW", ws.grad)):
+    for name, g in (("dX", dx), ("dW", dw)):
         zeros = (g == 0).double().mean().item()
         if zeros > 0.5:
             raise AssertionError(
@@ -364,29 +372,46 @@ def check_fp8_linear(fn):
 # -- q6: which layers become FP8 -------------------------------------------------------------------------
 
 
+def _swap_and_inspect(fn) -> dict:
+    """The student's part of q6's check: convert a fresh MarkovLM with ``fn``, then report which class
+    each layer has ("FP8Linear", or its class name) and the model's state_dict."""
+    torch.manual_seed(0)
+    model = L.MarkovLM(dim=64, depth=2, device=_device())
+    out = call_student(fn, model, name="fp8_swap", question="q6")
+    model = out if isinstance(out, torch.nn.Module) else model
+
+    def kind(layer):
+        return "FP8Linear" if isinstance(layer, L.FP8Linear) else type_name(layer)
+
+    return {
+        "blocks": [kind(m) for m in [*model.ups, *model.downs]],
+        "head": kind(model.head),
+        "proj": kind(model.proj),
+        "state": {k: v.detach() for k, v in model.state_dict().items()},
+    }
+
+
 def check_fp8_swap(fn):
     """q6: ``fn(model)`` converts a MarkovLM's block GEMMs (ups, downs) to FP8Linear, in place, sharing the
     weights, and leaves ``proj`` and ``head`` as nn.Linear."""
-    torch.manual_seed(0)
-    model = L.MarkovLM(dim=64, depth=2, device=_device())
-    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    out = call_student(fn, model, name="fp8_swap", question="q6")
-    model = out if isinstance(out, torch.nn.Module) else model
-    blocks = [*model.ups, *model.downs]
-    not_fp8 = [i for i, m in enumerate(blocks) if not isinstance(m, L.FP8Linear)]
+    seen = student_side(_swap_and_inspect, fn)
+    blocks = seen["blocks"]
+    not_fp8 = [i for i, kind in enumerate(blocks) if kind != "FP8Linear"]
     if len(not_fp8) == len(blocks):
         raise AssertionError("q6: no block layer became an FP8Linear: replace model.ups[i] and model.downs[i]")
     if not_fp8:
         raise AssertionError(f"q6: {len(not_fp8)} of {len(blocks)} block layers are still nn.Linear")
     for name in ("head", "proj"):
-        if isinstance(getattr(model, name), L.FP8Linear):
+        if seen[name] == "FP8Linear":
             why = (
                 "the output head stays wide: it is small, and its logits feed the softmax and the loss"
                 if name == "head"
                 else "the input projection (from embeddings) stays wide here, like the embeddings"
             )
             raise AssertionError(f"q6: model.{name} was converted to FP8: {why}")
-    after = model.state_dict()
+    torch.manual_seed(0)
+    before = L.MarkovLM(dim=64, depth=2, device=_device()).state_dict()
+    after = seen["state"]
     changed = [k for k, v in before.items() if k in after and not torch.equal(after[k].to(v.device), v)]
     if changed:
         raise AssertionError(

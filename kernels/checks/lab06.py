@@ -11,7 +11,7 @@ import torch
 
 import kernels
 from kernels import fp4
-from kernels.checks import call_student, constant_output
+from kernels.checks import call_student, constant_output, type_name
 from kernels.testing import first_mismatches
 
 GRID = torch.tensor(fp4.E2M1_VALUES, dtype=torch.float64)
@@ -52,10 +52,10 @@ def _as_fp4(out, fmt: str, question: str, name: str) -> fp4.FP4Tensor:
     elif isinstance(out, tuple | list) and len(out) == 3:
         q, s, ts = out
     else:
-        raise AssertionError(f"{question}: {name} must return (q, s, tensor_scale), got {type(out).__name__}")
+        raise AssertionError(f"{question}: {name} must return (q, s, tensor_scale), got {type_name(out)}")
     for what, t in (("q", q), ("s", s)):
         if not isinstance(t, torch.Tensor):
-            raise AssertionError(f"{question}: {what} must be a torch.Tensor, got {type(t).__name__}")
+            raise AssertionError(f"{question}: {what} must be a torch.Tensor, got {type_name(t)}")
     if q.dtype != torch.uint8:
         raise AssertionError(f"{question}: q must be uint8 (two codes per byte), got {q.dtype}")
     if s.dtype not in (torch.uint8, torch.float8_e4m3fn):
@@ -208,7 +208,7 @@ def check_dequantize(fn) -> None:
             ts = t.tensor_scale.to(dev) if t.tensor_scale is not None else None
             out = call_student(fn, t.q.to(dev), t.s.to(dev), ts, fmt, name=name, question=question)
             if not isinstance(out, torch.Tensor):
-                raise AssertionError(f"{question}: {name} must return a torch.Tensor, got {type(out).__name__}")
+                raise AssertionError(f"{question}: {name} must return a torch.Tensor, got {type_name(out)}")
             got = out.detach().cpu().float()
             want = fp4.dequantize_fp4_reference(t)
             if got.shape != want.shape:
@@ -270,7 +270,7 @@ def check_w4a16(fn) -> None:
         ts = t.tensor_scale.to(dev) if t.tensor_scale is not None else None
         out = call_student(fn, a.to(dev), t.q.to(dev), t.s.to(dev), ts, fmt, name=name, question=question)
         if not isinstance(out, torch.Tensor):
-            raise AssertionError(f"{question}: {name} must return a torch.Tensor, got {type(out).__name__}")
+            raise AssertionError(f"{question}: {name} must return a torch.Tensor, got {type_name(out)}")
         want_shape = (a.shape[0], t.q.shape[0])
         if tuple(out.shape) != want_shape:
             raise AssertionError(f"{question}: {name} returned shape {tuple(out.shape)}, want (M, N) = {want_shape}")
