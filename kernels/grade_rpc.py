@@ -136,6 +136,8 @@ class Encoder:
             return {"t": "ellipsis"}
         if isinstance(v, tuple | list):  # namedtuples and torch's return types arrive as tuples
             return {"t": "tuple" if isinstance(v, tuple) else "list", "v": [self(x, depth + 1) for x in v]}
+        if isinstance(v, set | frozenset):
+            return {"t": "frozenset" if isinstance(v, frozenset) else "set", "v": [self(x, depth + 1) for x in v]}
         if isinstance(v, dict):  # an OrderedDict (a state_dict) arrives as a dict
             items = list(dict.items(v))
             keys, values = [self(k, depth + 1) for k, _ in items], [self(x, depth + 1) for _, x in items]
@@ -226,13 +228,16 @@ class Decoder:
         if t in ("tuple", "list"):
             items = [self(x, depth + 1) for x in v["v"]]
             return tuple(items) if t == "tuple" else items
+        if t in ("set", "frozenset"):
+            items = [self(x, depth + 1) for x in v["v"]]
+            return set(items) if t == "set" else frozenset(items)
         if t == "dict":
             return {self(k, depth + 1): self(x, depth + 1) for k, x in zip(v["k"], v["v"], strict=True)}
         if t == "dataclass":
             cls = _package_attr(v.get("module"), v.get("qualname"))
             if not _package_dataclass(cls) or not isinstance(v.get("v"), dict):
                 raise ProtocolError(f"not a package dataclass: {v.get('module')}:{v.get('qualname')}")
-            return cls(**{str(k): self(x, depth + 1) for k, x in v["v"].items()})
+            return _interned(cls(**{str(k): self(x, depth + 1) for k, x in v["v"].items()}))
         if t == "ref":
             if self.refs is not None:
                 return self.refs.get(v["id"])
@@ -280,6 +285,16 @@ def _package_attr(module, qualname):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
         raise ProtocolError(f"no such name in the package: {module}:{qualname}") from e
+    return obj
+
+
+def _interned(obj):
+    """The package's own constant equal to ``obj`` (``formats.E8M0``), if its module has one: code that
+    compares formats by identity (``fmt is formats.E8M0``) sees what it would see in one process."""
+    module = importlib.import_module(type(obj).__module__)
+    for value in vars(module).values():
+        if type(value) is type(obj) and value == obj:
+            return value
     return obj
 
 

@@ -24,6 +24,10 @@ import contextlib
 import functools
 import importlib.util
 import io
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -272,3 +276,41 @@ def test_each_student_solution_gets_full_marks(lab, question, name):
         f"{lab.stem} {question}: the right solution {name!r} got {test_file.score} of {test_file.possible} "
         f"points from the lab's test:\n" + "\n".join(failed)
     )
+
+
+# -- the same verdicts through the batch grader's judge ---------------------------------------------------
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.stem)
+def test_the_graders_judge_gives_every_solution_the_same_verdict(lab):
+    """The grader runs the checks in a judge process that holds only proxies of the student's objects
+    (kernels.grade_rpc): every right solution still gets full marks there and every wrong one loses
+    points, with a diagnosis, not a failure of the proxies.  Run as the grader runs, in CPU mode."""
+    env = {**os.environ, "KERNELS_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "_remote_judge.py"), lab.stem],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdicts = json.loads(done.stdout)
+    module = load_check_tests(check_tests_path(lab))
+    judged = {(v["table"], v["question"], v["name"]) for v in verdicts}
+    for table in ("STUDENT_SOLUTIONS", "WRONG_SOLUTIONS"):
+        for question, named in getattr(module, table).items():
+            test_file = ExceptionTestFile.from_string(lab_questions(lab)[question], path=question)
+            for name, value in named.items():
+                if _otter_env(test_file, value) is not None:
+                    assert (table, question, name) in judged, f"{table}[{question!r}][{name!r}] was not judged"
+    for v in verdicts:
+        where = f"{lab.stem} {v['question']} {v['name']!r}"
+        if v["table"] == "STUDENT_SOLUTIONS":
+            assert v["score"] == v["possible"] > 0, f"{where}: a right solution lost points: {v['messages']}"
+        else:
+            assert v["score"] < v["possible"], f"{where}: a wrong solution got full marks through the judge"
+        for message in v["messages"]:
+            for sign in ("ProtocolError", "SandboxGone", "cannot send", "RemoteError"):
+                assert sign not in message, f"{where}: the proxies failed, not the solution: {message[-500:]}"
