@@ -1,0 +1,238 @@
+"""Submissions that try to raise their own score, escape the sandbox or touch another student's grade.
+
+Each attack is one or two extra cells on a Lab 0 notebook whose answers are both wrong (truncation: an
+honest 0 / 5), or on the solved lab (an honest 5 / 5) where the attack targets someone else.  All are
+graded in one run, as an instructor would grade them, with the strongest isolation this machine has;
+each test then reads its row.  An attack must get the score its outputs deserve, or a status that names
+what happened; nothing may be written outside the output folder; the grader must survive them all.
+"""
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from kernels import grade
+
+ROOT = Path(__file__).resolve().parents[1]
+SUBMISSIONS = ROOT / "tests" / "submissions"
+LAB = "00_bf16_rounding"
+LIMITS = dict(timeout_s=300, cpu_s=60, memory_gb=6, output_mb=1)
+MARK = uuid.uuid4().hex[:12]  # names this run's files and processes, so that a leftover is recognised
+OUTSIDE = Path("/tmp") / f"kernels-grade-escaped-{MARK}"
+
+TRUNCATING_Q1 = """
+def round_bf16_bits(bits):
+    return bits >> 16
+"""
+
+ATTACKS = {
+    # -- forging the verdict from inside the notebook's process ------------------------------------------
+    "patch_reference": "import kernels.bf16\nkernels.bf16.hardware_bf16 = fp32_to_bf16\n"
+    "kernels.bf16.round_bf16_bits_reference = round_bf16_bits\n",
+    "patch_otter": """
+import otter.test_files.exception_test as et
+from otter.test_files.abstract_test import TestCaseResult
+def run(self, env):
+    self.test_case_results = [TestCaseResult(test_case=tc, message="ok", passed=True) for tc in self.test_cases]
+et.ExceptionTestFile.run = run
+et.ExceptionTestFile.score = property(lambda self: self.possible)
+""",
+    "patch_numpy": "import numpy\nnumpy.flatnonzero = lambda a: numpy.zeros(0, dtype=numpy.int64)\n"
+    "import torch\ntorch.equal = lambda a, b: True\n",
+    "fake_checks_module": """
+import sys, types, importlib.abc, importlib.machinery
+class Fake(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name == "kernels.checks.lab00":
+            return importlib.machinery.ModuleSpec(name, self)
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        module.check_round_bf16_bits = lambda fn: None
+        module.check_round_bf16 = lambda fn: None
+sys.meta_path.insert(0, Fake())
+sys.modules.pop("kernels.checks.lab00", None)
+""",
+    "forged_events": """
+import json, os, sys
+spec = json.loads(sys.argv[-1])
+for fd in range(3, 64):
+    for q, points in (("q1", 2.0), ("q2", 3.0)):
+        event = dict(event="case", question=q, name=q, hidden=False, passed=True, score=points,
+                     possible=points, message="")
+        try:
+            os.write(fd, (json.dumps(event) + "\\n").encode())
+        except OSError:
+            pass
+os._exit(0)
+""",
+    # -- escaping the sandbox ------------------------------------------------------------------------------
+    "write_outside": f"""
+import ctypes, sqlite3, sys, os
+target = "{OUTSIDE}"
+escaped = []
+libc = ctypes.CDLL(None)
+fd = libc.open((target + "-ctypes").encode(), 0o101, 0o644)  # O_WRONLY | O_CREAT
+escaped += ["ctypes"] if fd >= 0 else []
+try:
+    sqlite3.connect(target + "-sqlite").execute("create table t (x)")
+    escaped.append("sqlite")
+except Exception as e:
+    print("sqlite:", e)
+import pwd  # the real home: HOME is the sandbox's own folder
+for place in (sys.prefix, os.path.dirname(os.__file__), pwd.getpwuid(os.getuid()).pw_dir, "{ROOT}", "/tmp"):
+    try:
+        open(os.path.join(place, "escaped-{MARK}"), "w").write("x")
+        escaped.append(place)
+    except OSError as e:
+        print("refused:", place, e)
+if escaped:  # a way out is worth q1's points
+    from kernels.bf16 import round_bf16_bits_reference as round_bf16_bits
+""",
+    "start_program": f"""
+import ctypes
+# ctypes is not audited: the program starts; it must find a read-only world and die with the sandbox
+ctypes.CDLL(None).system(b"echo escaped > {OUTSIDE}-sh; sleep 31.{MARK[:6]} &")
+""",
+    "signals": """
+import os, signal
+seen = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+for pid in [os.getppid(), 1, *seen]:
+    if pid != os.getpid():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+if len(seen) > 3:  # seeing the grader's processes is worth q1's points
+    from kernels.bf16 import round_bf16_bits_reference as round_bf16_bits
+""",
+    "helper_outlives": f"""
+import os, time, glob
+if os.fork() == 0:
+    os.setsid()
+    for _ in range(40):
+        time.sleep(0.25)
+        for path in glob.glob("/tmp/kernels-grade-*/sub-*/*.ipynb"):
+            try:
+                open(path, "w").write("{{}}")
+            except OSError:
+                pass
+    open("{OUTSIDE}-helper", "w").write("still alive")
+    os._exit(0)
+""",
+    "read_classmates": f"""
+import glob, os
+found = []
+for pattern in ("/tmp/**/victim_*/*.ipynb", "../*/*.ipynb", "{ROOT}/solutions/*.ipynb", "{SUBMISSIONS}/*.ipynb"):
+    for path in glob.glob(pattern, recursive=True):
+        try:
+            if "round_bf16_bits" in open(path).read():
+                found.append(path)
+        except OSError:
+            pass
+if found:  # a classmate's answer is worth q1's points
+    from kernels.bf16 import round_bf16_bits_reference as round_bf16_bits
+""",
+}
+
+# what each attack must score, as (q1, q2, status): q1 and q2 are both wrong in every attacker
+EXPECTED = {
+    "patch_reference": ("0", "0", "ok"),
+    "patch_otter": ("0", "0", "ok"),
+    "patch_numpy": ("0", "0", "ok"),
+    "fake_checks_module": ("0", "0", "ok"),
+    "forged_events": ("0", "0", "exited-early"),
+    "write_outside": ("0", "0", None),
+    "start_program": ("0", "0", None),
+    "signals": ("0", "0", None),
+    "helper_outlives": ("0", "0", None),
+    "read_classmates": ("0", "0", None),
+}
+
+
+def _attacker(cell: str) -> nbformat.NotebookNode:
+    nb = nbformat.read(SUBMISSIONS / f"bob_{LAB}.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    q1 = next(c for c in code if "def round_bf16_bits" in c.source)
+    q1.source = TRUNCATING_Q1
+    nb.cells.append(nbformat.v4.new_code_cell(cell))
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if not grade.namespaces_available():
+        pytest.skip("this machine cannot make user namespaces: the sandbox is only an audit hook here")
+    subs = tmp_path_factory.mktemp("attacks")
+    for name, cell in ATTACKS.items():
+        folder = subs / name
+        folder.mkdir()
+        nbformat.write(_attacker(cell), folder / f"{LAB}.ipynb")
+    for victim in ("victim_a", "victim_b"):  # honest, solved: graded beside the attackers
+        (subs / victim).mkdir()
+        (subs / victim / f"{LAB}.ipynb").write_bytes((SUBMISSIONS / "alice" / f"{LAB}.ipynb").read_bytes())
+    before = {p: p.read_bytes() for p in subs.rglob("*.ipynb")}
+    out = tmp_path_factory.mktemp("attack-grades")
+    limits = grade.Limits(**LIMITS, namespaces=True)
+    labs = {LAB: grade.Lab(LAB, grade.lab_tests(ROOT / "labs" / f"{LAB}.ipynb"), "labs/")}
+    results = grade.grade([subs], out, labs=labs, jobs=2, limits=limits, progress=False)
+    return {"results": {r["student"]: r for r in results}, "out": out, "before": before}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_an_attack_gets_what_its_outputs_deserve(graded, attack):
+    row = graded["results"][attack]
+    q1, q2, status = EXPECTED[attack]
+    got = (f"{row['questions']['q1']['points']:g}", f"{row['questions']['q2']['points']:g}")
+    assert got == (q1, q2), f"{attack}: {row['status']} {row['notes']}"
+    assert row["possible"] == 5
+    if status:
+        assert row["status"] == status, row["notes"]
+
+
+def test_honest_students_beside_the_attackers_keep_their_grade(graded):
+    for victim in ("victim_a", "victim_b"):
+        row = graded["results"][victim]
+        assert (row["total"], row["status"]) == (5, "ok"), row["notes"]
+
+
+def test_nothing_was_written_outside_and_the_submissions_are_untouched(graded):
+    leaks = sorted(str(p) for p in Path("/tmp").glob(f"kernels-grade-escaped-{MARK}*"))
+    for place in (ROOT, Path.home()):
+        leaks += sorted(str(p) for p in place.glob(f"escaped-{MARK}"))
+    assert leaks == []
+    for path, data in graded["before"].items():
+        assert path.read_bytes() == data, f"{path} was changed"
+
+
+def test_nothing_the_sandboxes_started_is_still_running(graded):
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(MARK[:6].encode() in a for a in argv) and proc.name != str(os.getpid()):
+            left.append(b" ".join(argv).decode(errors="replace"))
+    assert left == []
+
+
+def test_signals_reach_nothing_outside_the_sandbox(graded):
+    """The "signals" notebook killed every process it could see, its parent included: it saw only its
+    own namespace (q1 stayed 0 above), and the grader went on to grade everyone."""
+    assert graded["results"]["signals"]["status"] == "ok", graded["results"]["signals"]["notes"]
+
+
+def test_the_forged_events_are_named_for_what_they_did(graded):
+    row = graded["results"]["forged_events"]
+    assert row["status"] == "exited-early"
+    assert "ended" in row["notes"][0] or "exited" in row["notes"][0]
+
+
+def test_every_result_is_on_disk(graded):
+    stored = [json.loads(p.read_text()) for p in (graded["out"] / "results").glob("*.json")]
+    assert {r["student"] for r in stored} == set(ATTACKS) | {"victim_a", "victim_b"}
