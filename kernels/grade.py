@@ -84,6 +84,7 @@ import sys
 import tempfile
 import threading
 import time
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -98,8 +99,14 @@ DEFAULT_OUTPUT_MB = 2.0
 DEFAULT_DISK_MB = 256.0
 DEFAULT_PROCESSES = 256  # torch's thread pools count too
 
+# Flags for the instructor's review, listed in ``flags``, that do not make the status: the notebook was
+# graded as it is (a status says what happened while grading).
+REVIEW = ("duplicate", "identical-answer", "package-code", "repaired")
+
 STATUS_ORDER = [
     "not-a-notebook",
+    "symlink",
+    "not-in-roster",
     "unknown-lab",
     "timeout",
     "memory",
@@ -116,6 +123,10 @@ STATUS_ORDER = [
     "all-cells-failed",
     "missing-function",
     "cell-errors",
+    "duplicate",
+    "identical-answer",
+    "package-code",
+    "repaired",
     "ok",
 ]
 
@@ -128,6 +139,7 @@ class Lab:
     name: str  # "00_bf16_rounding"
     tests: dict  # question -> otter exception-test source
     source: str  # where the tests came from, for the report
+    secret: tuple = ()  # folders no submission may read (where the hidden tests came from)
 
     @property
     def questions(self) -> list:
@@ -158,6 +170,10 @@ class Lab:
             unit = "point" if points == 1 else "points"
             lines.append(f"  {q}: {points:g} {unit}, {tests} test case(s), grades {', '.join(names) or '-'}")
         return "\n".join(lines)
+
+    def graded_names(self) -> list:
+        """The names the lab's tests take (what a notebook must define)."""
+        return sorted({n for row in self.summary() for n in row[4]})
 
     def aliases(self) -> list:
         """Names a file may carry to say it is this lab: the full name, and ``labNN``."""
@@ -211,11 +227,15 @@ def load_labs(labs_dir: Path = ROOT / "labs", solutions_dir: Path = ROOT / "solu
     for path in sorted(Path(labs_dir).glob("*.ipynb")):
         master = Path(solutions_dir) / path.name
         if master.is_file() and not _may_hide_tests(master):
-            labs[path.stem] = Lab(path.stem, lab_tests(path), f"labs/{path.name}; no hidden tests")
+            labs[path.stem] = Lab(
+                path.stem, lab_tests(path), f"labs/{path.name}; no hidden tests", (str(solutions_dir),)
+            )
         elif master.is_file():
             with tempfile.TemporaryDirectory(prefix="kernels-grade-assign-") as tmp:
                 _, autograder = labgen.assign(master, Path(tmp))
-                labs[path.stem] = Lab(path.stem, lab_tests(autograder), f"solutions/{path.name}, hidden ones too")
+                labs[path.stem] = Lab(
+                    path.stem, lab_tests(autograder), f"solutions/{path.name}, hidden ones too", (str(solutions_dir),)
+                )
         else:
             labs[path.stem] = Lab(path.stem, lab_tests(path), f"labs/{path.name}, public tests only")
     if not labs:
@@ -234,34 +254,90 @@ class Submission:
     lab: str | None
     lab_from: str  # "metadata", "file name", "--lab" or ""
     sha256: str
-    notebook_error: str = ""  # why the file is not a notebook
+    notebook_error: str = ""  # why the file is not a notebook (or why it was refused)
+    intake: list = dataclasses.field(default_factory=list)  # [(flag, note)] found before grading
+    answers: dict = dataclasses.field(default_factory=dict)  # {hash of an answer cell: its first line}
 
 
 def find_notebooks(paths) -> list:
-    """Every ``*.ipynb`` named or under a named folder (checkpoints skipped), in a stable order."""
+    """[(notebook, the folder it was found under or None)] for every ``*.ipynb`` named or under a named
+    folder (checkpoints skipped), in a stable order.  Symbolic links are listed too (and refused when
+    graded), never followed: a link could point at a classmate's work or at the solutions."""
     found = []
     for p in map(Path, paths):
-        if p.is_dir():
-            found += sorted(q for q in p.rglob("*.ipynb") if ".ipynb_checkpoints" not in q.parts)
-        elif p.is_file():
-            found.append(p)
+        if p.is_dir() and not p.is_symlink():
+            for folder, dirs, files in os.walk(p, followlinks=False):
+                dirs[:] = sorted(d for d in dirs if d != ".ipynb_checkpoints")
+                for name in sorted(files) + sorted(d for d in dirs if Path(folder, d).is_symlink()):
+                    if name.endswith(".ipynb"):
+                        found.append((Path(folder) / name, p))
+        elif p.is_file() or p.is_symlink():
+            found.append((p, None))
         else:
             raise FileNotFoundError(f"submissions: no such file or folder: {p}")
     return found
 
 
-def identify(path: Path, labs: dict, forced_lab: str | None = None) -> Submission:
+def _symlink_in(path: Path, base: Path | None) -> Path | None:
+    """The first symbolic link on the way from ``base`` (or the file's own folder) down to ``path``."""
+    parts = [path]
+    if base is not None:
+        rel = path.relative_to(base)
+        parts = [base / Path(*rel.parts[: i + 1]) for i in range(len(rel.parts))]
+    return next((p for p in parts if p.is_symlink()), None)
+
+
+def read_roster(path: Path) -> dict:
+    """``--roster``: a CSV with columns ``student`` and ``file`` (a notebook, or a folder of them, relative
+    to the roster's folder or absolute) -> {resolved path: student}."""
+    rows = {}
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames or not {"student", "file"} <= set(reader.fieldnames):
+            raise ValueError(f"roster: {path} needs the columns student and file, has {reader.fieldnames}")
+        for i, row in enumerate(reader, start=2):
+            student, file = (row.get("student") or "").strip(), (row.get("file") or "").strip()
+            if not student or not file:
+                raise ValueError(f"roster: {path} line {i}: both student and file are needed")
+            rows[(path.parent / file).resolve()] = student
+    return rows
+
+
+def identify(
+    path: Path, labs: dict, forced_lab: str | None = None, base: Path | None = None, roster=None
+) -> Submission:
+    """Which lab and which student a notebook is.  The student is, in this order: the ``roster``'s name
+    for the file or a folder above it; the first folder under ``base`` (one folder per student:
+    ``submissions/alice/anything.ipynb`` is alice's, whatever the file is called); the file name without
+    the lab's name (``alice_00_bf16_rounding.ipynb``, for files side by side)."""
+    link = _symlink_in(path, base)
+    if link is not None:
+        student = _student_from(path, base, labs, None, roster)
+        target = os.readlink(link)
+        sub = Submission(path, student, None, "", "", f"a symbolic link ({link.name} -> {target}): not followed")
+        sub.intake.append(("symlink", sub.notebook_error))
+        return sub
     data = path.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    error, meta_lab = "", None
+    error, meta_lab, intake, nb = "", None, [], None
     try:
         import nbformat
 
         nb = nbformat.reads(data.decode("utf-8"), as_version=4)
-        nbformat.validate(nb)
-        if not any(c.get("cell_type") == "code" for c in nb.cells):
+        if not isinstance(nb.get("cells"), list):
+            raise ValueError("it has no list of cells")
+        try:
+            nbformat.validate(nb)
+        except nbformat.ValidationError as e:  # Jupyter opens it anyway (with a warning): so does the grader
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            intake.append(
+                ("repaired", f"the notebook does not follow the nbformat schema ({first[:200]}); graded as is")
+            )
+        if not any(isinstance(c, dict) and c.get("cell_type") == "code" for c in nb.cells):
             error = "the notebook has no code cells"
-        meta_lab = nb.metadata.get("otter", {}).get("assignment_name")
+        meta = nb.get("metadata", {}).get("otter", {})
+        meta_lab = meta.get("assignment_name") if isinstance(meta, dict) else None
+        meta_lab = meta_lab if isinstance(meta_lab, str) else None
     except Exception as e:  # noqa: BLE001 - anything unreadable is "not a notebook", with the reason
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         error = f"not a notebook: {type(e).__name__}: {first}"[:300]
@@ -277,14 +353,90 @@ def identify(path: Path, labs: dict, forced_lab: str | None = None) -> Submissio
             if hits:
                 lab, lab_from = hits[0].name, "file name"
                 break
+    sub = Submission(path, _student_from(path, base, labs, lab, roster), lab, lab_from, sha, error, intake)
+    if nb is not None and not error and lab in labs:
+        sub.answers = _answer_cells(nb, labs[lab].graded_names())
+    return sub
+
+
+def _student_from(path: Path, base, labs, lab, roster) -> str:
+    if roster:
+        resolved = path.absolute()
+        for candidate in [resolved, *resolved.parents]:
+            if candidate in roster:
+                return roster[candidate]
+        return ""
+    if base is not None and len(path.relative_to(base).parts) > 1:
+        return path.relative_to(base).parts[0]
     student = path.stem
     if lab:
         for alias in sorted(labs[lab].aliases(), key=len, reverse=True) if lab in labs else [lab]:
             student = re.sub(re.escape(alias), "", student, flags=re.IGNORECASE)
         student = student.strip("_-. ")
-        if not student:
-            student = path.parent.name or path.stem
-    return Submission(path, student, lab, lab_from, sha, error)
+    return student or path.parent.name or path.stem
+
+
+def _answer_cells(nb, names=None) -> dict:
+    """{sha256 of a code cell's normalised source: its first line} for the cells worth comparing across
+    students: those that define one of the graded ``names`` (all code cells if None), a few lines at
+    least."""
+    defines = re.compile(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=", flags=re.M)
+    out = {}
+    for cell in nb.cells:
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        source = "".join(source) if isinstance(source, list) else str(source)
+        lines = [line.rstrip() for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
+        if len(lines) < 3:
+            continue
+        if names is not None and not {a or b for a, b in defines.findall(source)} & set(names):
+            continue
+        digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+        out[digest] = lines[0][:80]
+    return out
+
+
+def _lab_cells() -> set:
+    """Digests of the labs' own code cells (what every student is given)."""
+    import nbformat
+
+    digests = set()
+    for path in (ROOT / "labs").glob("*.ipynb"):
+        digests |= set(_answer_cells(nbformat.read(path, as_version=4)))
+    return digests
+
+
+def review_intake(submissions: list):
+    """Flags that need every submission at once: two notebooks for one student and lab, and answer cells
+    that are character for character the same in different students' notebooks (comments and blank
+    lines aside), which the instructor should look at."""
+    by_key = {}
+    for sub in submissions:
+        if sub.lab and sub.student:
+            by_key.setdefault((sub.student, sub.lab), []).append(sub)
+    for (student, lab), subs in by_key.items():
+        if len(subs) > 1:
+            for sub in subs:
+                others = ", ".join(str(o.path) for o in subs if o is not sub)
+                sub.intake.append(("duplicate", f"{student} has another notebook for {lab}: {others}"))
+    given = _lab_cells()
+    owners = {}
+    for sub in submissions:
+        for digest in set(sub.answers) - given:
+            owners.setdefault((sub.lab, digest), []).append(sub)
+    for (_, digest), subs in owners.items():
+        students = sorted({s.student for s in subs})
+        if len(students) < 2:
+            continue
+        for sub in subs:
+            same = ", ".join(s for s in students if s != sub.student)
+            sub.intake.append(
+                ("identical-answer", f"a cell starting {sub.answers[digest]!r} is identical in {same}'s notebook")
+            )
+    for sub in submissions:
+        if not sub.student:
+            sub.intake.append(("not-in-roster", f"{sub.path} is not in the roster: not graded"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -388,7 +540,7 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
     shutil.copyfile(sub.path, workdir / f"{lab.name}.ipynb")
     judge_dir = workdir.with_name(workdir.name + "-judge")
     judge_dir.mkdir()
-    names = sorted({n for row in lab.summary() for n in row[4]})
+    names = lab.graded_names()
     requests_r, requests_w = os.pipe()  # judge -> sandbox
     answers_r, answers_w = os.pipe()  # sandbox -> judge
     events_r, events_w = os.pipe()  # sandbox -> grader: what each cell did (told, not trusted)
@@ -1253,7 +1405,39 @@ def result_key(sub: Submission, lab: Lab | None, limits: Limits) -> str:
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "unnamed"
+    """A file name for ``name``: letters and digits of any script kept (Zoë, 李雷), the rest ``_``."""
+    name = unicodedata.normalize("NFC", name)
+    return re.sub(r"[^\w.-]+", "_", name).strip("._")[:100] or "unnamed"
+
+
+def _feedback_names(submissions) -> dict:
+    """{student: feedback file name}, unique even where two names fold to one file name (``Zoë`` and
+    ``Zoé`` stay apart; ``Bob`` and ``bob`` too, on a file system that ignores case)."""
+    students = sorted({s.student for s in submissions if s.student})
+    folded = {}
+    for student in students:
+        folded.setdefault(_safe(student).casefold(), []).append(student)
+    names = {}
+    for student in students:
+        safe = _safe(student)
+        clash = len(folded[safe.casefold()]) > 1 or safe != unicodedata.normalize("NFC", student)
+        names[student] = f"{safe}-{hashlib.sha256(student.encode()).hexdigest()[:6]}" if clash else safe
+    return names
+
+
+def _with_intake(result: dict, sub: Submission) -> dict:
+    """``result`` with the intake's flags (duplicates, identical cells, repairs) merged in by severity."""
+    result = dict(result, flags=list(result["flags"]), notes=list(result["notes"]))
+    for flag, note in sub.intake:
+        if flag not in result["flags"]:
+            result["flags"].append(flag)
+        if note not in result["notes"]:
+            result["notes"].append(note)
+    order = {s: i for i, s in enumerate(STATUS_ORDER)}
+    result["flags"].sort(key=lambda f: order.get(f, len(order)))
+    graded = [f for f in result["flags"] if f not in REVIEW]
+    result["status"] = graded[0] if graded else "ok"
+    return result
 
 
 def feedback_markdown(result: dict) -> str:
@@ -1292,6 +1476,12 @@ def _diagnosis(message: str) -> str:
     return re.sub(r"^AssertionError: ", "", text.strip())
 
 
+def _cell(text: str) -> str:
+    """A CSV cell a spreadsheet shows as text: one that would start a formula (=, +, -, @, a tab or a
+    carriage return) gets a leading apostrophe (OWASP's advice for CSV injection)."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
 def write_csv(path: Path, results: list):
     questions = sorted({q for r in results for q in r["questions"]}, key=_natural)
     buffer = io.StringIO()
@@ -1314,6 +1504,8 @@ def write_csv(path: Path, results: list):
         ]
     )
     for r in sorted(results, key=lambda r: (r["lab"], r["student"], r["submission"])):
+        r = {k: _cell(v) if isinstance(v, str) else v for k, v in r.items()}
+        r["flags"], r["notes"] = [_cell(f) for f in r["flags"]], [_cell(n) for n in r["notes"]]
         points = [f"{r['questions'][q]['points']:g}" if q in r["questions"] else "" for q in questions]
         writer.writerow(
             [
@@ -1349,28 +1541,39 @@ def grade(
     limits: Limits | None = None,
     force: bool = False,
     progress: bool = True,
+    roster: dict | None = None,
 ) -> list:
-    """Grade every notebook in ``paths`` into ``out``; returns the results (one dict per submission)."""
+    """Grade every notebook in ``paths`` into ``out``; returns the results (one dict per submission).
+    ``roster``: {path: student} (:func:`read_roster`); without it, identity comes from the folders."""
     out = Path(out).resolve()
     labs = labs if labs is not None else load_labs()
     limits = limits or Limits(namespaces=namespaces_available())
     if lab is not None and lab not in labs:
         raise ValueError(f"lab: unknown lab {lab!r}; known: {', '.join(labs)}")
-    notebooks = find_notebooks(paths)
-    submissions = [identify(p, labs, lab) for p in notebooks]
-    folders = {p.resolve().parent for p in notebooks} | {Path(p).resolve() for p in paths if Path(p).is_dir()}
+    found = find_notebooks(paths)
+    submissions = [identify(p, labs, lab, base, roster) for p, base in found]
+    review_intake(submissions)
+    notebooks = [p for p, _ in found]
+    folders = {p.absolute().parent for p in notebooks} | {Path(p).resolve() for p in paths if Path(p).is_dir()}
     # Off limits to every submission: the solutions (hidden tests live there), the test suite (its data
-    # files excepted: notebooks read them), every submissions folder and the output folder.  A folder
-    # holding the package itself cannot be hidden from the code that imports it.
+    # files excepted: notebooks read them), the repository's history, every submissions folder and the
+    # output folder.  A folder holding the package itself cannot be hidden from the code that imports it.
     tests = [p for p in (ROOT / "tests").iterdir() if p.name != "data"]
-    hidden = sorted(p for p in {ROOT / "solutions", *tests, out, *folders} if not _inside(ROOT / "kernels", p))
+    secret = {ROOT / "solutions", ROOT / ".git", *tests, out, *folders}
+    secret |= {Path(d).resolve() for one in labs.values() for d in one.secret}
+    hidden = sorted(p for p in secret if p.exists() and not _inside(ROOT / "kernels", p))
     (out / "results").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="kernels-grade-"))
     hidden.append(scratch)  # other submissions' sandboxes; a child's own folder stays visible
 
-    results, todo = {}, []
+    results, todo, subs_of = {}, [], {}
     for sub in submissions:
         key = result_key(sub, labs.get(sub.lab), limits)
+        subs_of[key] = sub
+        refused = next(((f, n) for f, n in sub.intake if f in ("symlink", "not-in-roster")), None)
+        if refused:  # never read, never run
+            results[key] = not_graded(sub, labs.get(sub.lab), *refused)
+            continue
         stored = out / "results" / f"{key}.json"
         if stored.is_file() and not force:
             try:
@@ -1382,6 +1585,14 @@ def grade(
 
     if todo:
         _warm_caches(scratch)
+    feedback_names = _feedback_names(submissions)
+
+    def report(key, result) -> dict:
+        """The stored result with what this run's intake found (which depends on the other submissions)."""
+        result = _with_intake(result, subs_of[key])
+        name = feedback_names.get(result["student"], _safe(result["student"]))
+        _atomic_write(out / "feedback" / _safe(result["lab"] or "unknown") / f"{name}.md", feedback_markdown(result))
+        return result
 
     def one(key, sub):
         lab_ = labs.get(sub.lab)
@@ -1397,12 +1608,10 @@ def grade(
         else:
             result = run_isolated(sub, lab_, limits, [h for h in hidden if h != scratch] + [scratch], scratch)
         _atomic_write(out / "results" / f"{key}.json", json.dumps(result, indent=1))
-        _atomic_write(
-            out / "feedback" / _safe(result["lab"] or "unknown") / f"{_safe(result['student'])}.md",
-            feedback_markdown(result),
-        )
         return key, result
 
+    for key in list(results):
+        results[key] = report(key, results[key])
     bar = _progress_bar(
         total=len(submissions),
         initial=len(submissions) - len(todo),
@@ -1417,7 +1626,7 @@ def grade(
         futures += [pool.submit(one, key, sub) for key, sub in todo]
         for future in as_completed(futures):
             key, result = future.result()
-            results[key] = result
+            results[key] = result = report(key, result)
             bar.set_postfix_str(f"{result['student']}: {result['status']}", refresh=False)
             bar.update()
             write_csv(out / "scores.csv", list(results.values()))
@@ -1431,7 +1640,7 @@ def grade(
         for future in futures:  # finished while the interruption was handled: on disk, so in the CSV too
             if future.done() and not future.cancelled() and future.exception() is None:
                 key, result = future.result()
-                results[key] = result
+                results[key] = _with_intake(result, subs_of[key])
         bar.close()
         write_csv(out / "scores.csv", list(results.values()))
         shutil.rmtree(scratch, ignore_errors=True)
@@ -1526,6 +1735,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="regrade submissions already graded")
     parser.add_argument(
+        "--roster",
+        type=Path,
+        help="CSV with columns student,file (a notebook or a folder of them): who submitted what; notebooks "
+        "not in it are not graded (default: one folder per student, or the file name)",
+    )
+    parser.add_argument(
         "--no-namespaces",
         action="store_true",
         help="do not use unshare even where it works (the audit hook alone then isolates)",
@@ -1547,6 +1762,12 @@ def main(argv=None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not args.labs_dir.is_dir():
         parser.error(f"--labs-dir: no such folder {args.labs_dir}")
+    roster = None
+    if args.roster is not None:
+        try:
+            roster = read_roster(args.roster)
+        except (OSError, ValueError) as e:
+            parser.error(f"--roster: {e}")
     labs = load_labs(args.labs_dir, args.solutions_dir)
     if args.lab is not None and args.lab not in labs:
         parser.error(f"--lab: unknown lab {args.lab!r}; known: {', '.join(labs)}")
@@ -1559,7 +1780,14 @@ def main(argv=None) -> int:
     )
     limits = Limits(args.timeout, args.memory_gb, args.output_mb, namespaces, args.cpu_timeout)
     results = grade(
-        args.submissions, args.out, labs=labs, lab=args.lab, jobs=args.jobs, limits=limits, force=args.force
+        args.submissions,
+        args.out,
+        labs=labs,
+        lab=args.lab,
+        jobs=args.jobs,
+        limits=limits,
+        force=args.force,
+        roster=roster,
     )
     counts = {}
     for r in results:

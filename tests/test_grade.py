@@ -78,9 +78,9 @@ def test_every_bad_kind_is_explained(graded):
     assert re.match(r"cell 4: SyntaxError: unmatched '\)' \(line 3\); not defined: round_bf16_bits", detail["dave"])
     assert detail["erin"] == "not defined: round_bf16_bits"
     assert detail["frank"].startswith("all 6 code cells raised an exception; not defined: fp32_to_bf16, round_bf16")
-    assert detail["grace"] == "stopped after 25 s of CPU time in cell 7 (an infinite loop?)"
+    assert detail["grace"].startswith("stopped after 25 s of CPU time in cell 7 (an infinite loop?); a cell starting")
     assert detail["heidi"].startswith("ran out of memory (limit 6 GB of address space)")
-    assert detail["ivan"] == "printed more than 1 MB; the rest of the output was dropped"
+    assert detail["ivan"].startswith("printed more than 1 MB; the rest of the output was dropped; a cell starting")
     for what in ["solutions/00_bf16_rounding.ipynb: the solutions", "tests/test_grade.py", "cmdline: another process"]:
         assert what in detail["judy"], what
     for what in [

@@ -198,6 +198,7 @@ def test_honest_students_beside_the_attackers_keep_their_grade(graded):
     for victim in ("victim_a", "victim_b"):
         row = graded["results"][victim]
         assert (row["total"], row["status"]) == (5, "ok"), row["notes"]
+        assert "identical-answer" in row["flags"]  # the two are copies of one notebook: flagged for review
 
 
 def test_nothing_was_written_outside_and_the_submissions_are_untouched(graded):
