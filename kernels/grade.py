@@ -97,6 +97,7 @@ DEFAULT_TIMEOUT_S = 600
 DEFAULT_MEMORY_GB = 8.0
 DEFAULT_OUTPUT_MB = 2.0
 DEFAULT_DISK_MB = 256.0
+DEFAULT_CELL_S = 120.0  # one cell, or one call of a graded function while scoring
 DEFAULT_PROCESSES = 256  # torch's thread pools count too
 
 # Flags for the instructor's review, listed in ``flags``, that do not make the status: the notebook was
@@ -467,6 +468,7 @@ class Limits:
     cpu_s: float | None = None  # CPU seconds (RLIMIT_CPU); None: the same as timeout_s
     disk_mb: float = DEFAULT_DISK_MB  # the sandbox's one writable folder (a tmpfs of this size)
     processes: int = DEFAULT_PROCESSES  # processes and threads inside the sandbox (RLIMIT_NPROC)
+    cell_s: float = DEFAULT_CELL_S  # wall-clock seconds per cell and per call while scoring
 
     @property
     def cpu_limit(self) -> int:
@@ -555,6 +557,7 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
         "namespaces": limits.namespaces,
         "disk_bytes": int(limits.disk_mb * 2**20),
         "processes": limits.processes,
+        "cell_seconds": min(limits.cell_s, limits.timeout_s),
         "names": names,
         "events_fd": events_w,
         "requests_fd": requests_r,
@@ -719,7 +722,7 @@ def _told(events: list) -> list:
     """The sandbox's events, kept only in the shapes the grader reads (the sandbox ran student code, so
     what it says is told, never trusted for a score: it can only describe the notebook's own cells)."""
     kinds = {
-        "cell": {"index": int, "error": str, "syntax": bool, "memory": bool},
+        "cell": {"index": int, "error": str, "syntax": bool, "memory": bool, "slow": bool},
         "started": {"index": int},
         "executed": {},
         "violation": {"status": str, "detail": str},
@@ -771,6 +774,14 @@ def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail
     if timed_out:
         spent = f"{limits.cpu_limit} s of CPU time" if timed_out == "cpu" else f"{limits.timeout_s:g} s"
         flag("timeout", f"stopped after {spent} {where} (an infinite loop?)")
+    slow = [e for e in cells if e.get("slow")]
+    if slow:
+        cut = ", ".join(str(e["index"] + 1) for e in slow)
+        flag(
+            "timeout",
+            f"cell {cut} ran longer than {limits.cell_s:g} s and was stopped there; the other cells ran "
+            f"(a cell that runs this long belongs outside the graded notebook)",
+        )
     if any(e.get("memory") for e in cells) or any(c.get("memory") for c in cases):
         flag("memory", f"ran out of memory (limit {limits.memory_gb:g} GB of address space)")
     if not timed_out and returncode not in (0, None):
@@ -798,6 +809,13 @@ def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail
         flag("grader-error", f"the judge failed (the grader's fault, not the student's): {str(detail)[:500]}")
     for v in violations:
         flag(v["status"], v["detail"])
+    for e in verdicts:
+        if e.get("event") == "package-code":
+            flag(
+                "package-code",
+                f"{e.get('name')} is the package's own {e.get('what')}, not code written in the notebook "
+                f"(scored as it is; the instructor decides)",
+            )
     oob = [e for e in events if e["event"] == "oob"]
     if oob:
         flag("out-of-bounds", oob[0].get("message", "a kernel read or wrote outside its tensors"))
@@ -811,7 +829,7 @@ def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail
     missing = [c for c in cases if c.get("missing")]
     if missing:
         flag("missing-function", "not defined: " + ", ".join(sorted({str(c["missing"]) for c in missing})))
-    errors = [e for e in cells if e.get("error") and not e.get("syntax")]
+    errors = [e for e in cells if e.get("error") and not e.get("syntax") and not e.get("slow")]
     if errors and "all-cells-failed" not in flags:
         flag(
             "cell-errors",
@@ -1120,18 +1138,22 @@ def _child(spec: dict) -> int:
     capped = _Capped(out_file, spec["output_bytes"], lambda: emit(event="output-capped"))
     sys.stdout = sys.stderr = capped
 
+    # IPython's shell, for what its transformer makes of magics (%%time, %timeit, !ls -> get_ipython())
+    ns = {"__name__": "__main__", "__builtins__": __builtins__}
+    shell = _shell(ns)
     hook = _audit_hook(workdir, root, hidden, emit)
     sys.addaudithook(hook)
 
     transformer = TransformerManager()
-    ns = {"__name__": "__main__", "__builtins__": __builtins__}
-    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    limit = float(spec["cell_seconds"])
+    code_cells = [c for c in nb.cells if c.get("cell_type") == "code"]
     for i, cell in enumerate(code_cells):
         record = {"event": "cell", "index": i}
         emit(event="started", index=i)
+        source = cell.get("source", "")
+        source = "".join(source) if isinstance(source, list) else str(source)
         try:
-            source = transformer.transform_cell(cell.source)
-            code = compile(source, f"<cell {i + 1}>", "exec")
+            code = compile(transformer.transform_cell(source), f"<cell {i + 1}>", "exec")
         except (SyntaxError, ValueError) as e:
             record.update(
                 error=f"{type(e).__name__}: {getattr(e, 'msg', e)} (line {getattr(e, 'lineno', '?')})", syntax=True
@@ -1139,21 +1161,41 @@ def _child(spec: dict) -> int:
             emit(**record)
             continue
         try:
-            exec(code, ns)
+            with grade_rpc.time_limit(limit, f"cell {i + 1}"):
+                exec(code, ns)
+        except grade_rpc.TimeLimit as e:
+            record.update(error=str(e), slow=True)
         except BaseException as e:  # noqa: BLE001 - the student's error, reported; the next cell runs
             record.update(_describe(e))
         emit(**record)
     sys.stdout.flush()
     emit(event="executed")
+    del shell
     # The tests never come here: the judge asks for the graded names' values, and for calls on them.
     try:
-        grade_rpc.serve(spec["requests_fd"], spec["answers_fd"], ns, spec["names"])
+        grade_rpc.serve(spec["requests_fd"], spec["answers_fd"], ns, spec["names"], limit)
     except BaseException as e:  # noqa: BLE001 - a broken connection, or the student's code breaking it
         emit(event="serve-error", error=f"{type(e).__name__}: {e}"[:500])
     sys.stdout = real_stdout
     emit(event="done")
     out_file.close()
     return 0
+
+
+def _shell(ns: dict):
+    """An IPython shell whose namespace is ``ns`` (no history file, no display of its own), so that a
+    cell's magics run as in Jupyter; None where IPython cannot start one."""
+    try:
+        from IPython.core.interactiveshell import InteractiveShell
+        from traitlets.config import Config
+
+        config = Config()
+        config.HistoryManager.enabled = False
+        shell = InteractiveShell.instance(config=config, user_ns=ns)
+        ns.setdefault("get_ipython", shell.get_ipython)
+        return shell
+    except Exception:  # noqa: BLE001 - a notebook without magics runs without the shell
+        return None
 
 
 def _judge(spec: dict) -> int:
@@ -1184,6 +1226,10 @@ def _judge(spec: dict) -> int:
         emit(event="done")
         return 0
     emit(event="served", names=sorted(ns))
+    for name, value in sorted(ns.items()):  # the package's own code handed in as the answer
+        module = value._info.get("module") if isinstance(value, grade_rpc.Remote) else None
+        if module and (module == "kernels" or module.startswith("kernels.")):
+            emit(event="package-code", name=name, what=f"{module}.{value._info.get('qualname') or ''}".rstrip("."))
     for q in sorted(tests, key=_natural):
         emit(event="started", question=q)
         try:

@@ -31,11 +31,13 @@ and it scores only if its answers are the right ones.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import fractions
 import importlib
 import json
 import os
+import signal
 import struct
 
 import numpy as np
@@ -327,7 +329,9 @@ def describe(obj) -> dict:
     """What the judge may know of a sandbox object without asking: its kind and names."""
     name = getattr(obj, "__name__", None)
     qualname = getattr(obj, "__qualname__", None)
+    module = getattr(obj, "__module__", None)
     return {
+        "module": module[:200] if isinstance(module, str) else None,
         "kind": "class" if isinstance(obj, type) else "callable" if callable(obj) else "object",
         "type": type(obj).__name__[:200],
         "name": name[:200] if isinstance(name, str) else None,
@@ -597,8 +601,29 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.numel() == 0 or torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-def serve(in_fd: int, out_fd: int, namespace: dict, names: list):
-    """Answer the judge's requests until it closes the connection.  ``names``: what the tests take."""
+class TimeLimit(BaseException):
+    """A cell, or a call while scoring, ran past its wall-clock limit (raised in it by SIGALRM)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str):
+    """Interrupt the block with :class:`TimeLimit` after ``seconds`` of wall-clock time (main thread)."""
+
+    def alarm(signum, frame):
+        raise TimeLimit(f"{what} ran longer than {seconds:g} s and was stopped")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def serve(in_fd: int, out_fd: int, namespace: dict, names: list, limit_s: float = 0):
+    """Answer the judge's requests until it closes the connection.  ``names``: what the tests take;
+    ``limit_s``: the longest one call of the student's code may run (0: no limit)."""
     refs = Refs()
     encode = Encoder(refs)
     served = {n: encode(namespace[n]) for n in names if n in namespace}
@@ -620,7 +645,10 @@ def serve(in_fd: int, out_fd: int, namespace: dict, names: list):
             args, kwargs = decode(header.get("args", {"t": "list", "v": []})), decode(header.get("kwargs"))
             received = [(t, t.detach().clone()) for t in decode.tensors]
             try:
-                if op in ("call", "run"):
+                if op in ("call", "run") and limit_s:
+                    with time_limit(limit_s, "a call of the graded code"):
+                        value = target(*args, **kwargs)
+                elif op in ("call", "run"):
                     value = target(*args, **kwargs)
                 elif op == "getattr":
                     value = getattr(target, args[0])

@@ -70,6 +70,7 @@ for fd in range(3, 64):
             pass
 os._exit(0)
 """,
+    "copies_the_reference": "from kernels.bf16 import round_bf16_bits_reference as round_bf16_bits\n",
     # -- escaping the sandbox ------------------------------------------------------------------------------
     "write_outside": f"""
 import ctypes, sqlite3, sys, os
@@ -137,6 +138,41 @@ for pattern in ("/tmp/**/victim_*/*.ipynb", "../*/*.ipynb", "{ROOT}/solutions/*.
 if found:  # a classmate's answer is worth q1's points
     from kernels.bf16 import round_bf16_bits_reference as round_bf16_bits
 """,
+    "read_history": f"""
+import glob
+found = [p for p in glob.glob("{ROOT}/.git/*") + glob.glob("{ROOT}/tests/*.py") if open(p, "rb").read(1)]
+if found:  # the repository's history or the test suite is worth q1's points
+    from kernels.bf16 import round_bf16_bits_reference as round_bf16_bits
+""",
+    "network": """
+import socket
+try:
+    socket.create_connection(("127.0.0.1", 22), timeout=2)
+    from kernels.bf16 import round_bf16_bits_reference as round_bf16_bits
+except OSError as e:
+    print("no network:", e)
+""",
+    "fill_the_disk": """
+import os
+chunk = b"x" * (1 << 20)
+with open("filler.bin", "wb") as f:
+    try:
+        for _ in range(2048):  # 2 GB into its own folder: the sandbox's folder is a capped tmpfs
+            f.write(chunk)
+    except OSError as e:
+        print("disk full:", e)
+""",
+    "fork_bomb": """
+import ctypes
+libc = ctypes.CDLL(None)  # fork through ctypes: not audited, so only the process cap stops it
+for _ in range(100000):
+    pid = libc.fork()
+    if pid == 0:
+        libc.pause()
+        libc._exit(0)
+    if pid < 0:
+        break
+""",
 }
 
 # what each attack must score, as (q1, q2, status): q1 and q2 are both wrong in every attacker
@@ -146,11 +182,68 @@ EXPECTED = {
     "patch_numpy": ("0", "0", "ok"),
     "fake_checks_module": ("0", "0", "ok"),
     "forged_events": ("0", "0", "exited-early"),
+    "copies_the_reference": ("2", "0", "ok"),  # right outputs: the points, and a flag for the instructor
     "write_outside": ("0", "0", None),
     "start_program": ("0", "0", None),
     "signals": ("0", "0", None),
     "helper_outlives": ("0", "0", None),
     "read_classmates": ("0", "0", None),
+    "read_history": ("0", "0", None),
+    "network": ("0", "0", None),
+    "fill_the_disk": ("0", "0", None),
+    "fork_bomb": ("0", "0", None),
+}
+
+
+def _solved() -> nbformat.NotebookNode:
+    return nbformat.read(SUBMISSIONS / "alice" / f"{LAB}.ipynb", as_version=4)
+
+
+def _with_cell(cell: str) -> nbformat.NotebookNode:
+    nb = _solved()
+    nb.cells.append(nbformat.v4.new_code_cell(cell))
+    return nb
+
+
+def _q1_cell(nb) -> nbformat.NotebookNode:
+    return next(c for c in nb.cells if c.cell_type == "code" and "def round_bf16_bits" in c.source)
+
+
+def _timed_answer():
+    nb = _solved()
+    _q1_cell(nb).source = "%%time\n" + _q1_cell(nb).source
+    return nb
+
+
+def _exit_in_function():
+    nb = _solved()
+    _q1_cell(nb).source = "def round_bf16_bits(bits):\n    import sys\n    sys.exit('giving up')\n"
+    return nb
+
+
+def _schema_quirk():
+    nb = _solved()
+    markdown = next(c for c in nb.cells if c.cell_type == "markdown")
+    markdown["outputs"] = []  # a markdown cell with outputs: nbformat's schema says no, Jupyter opens it
+    return nb
+
+
+def _odd_metadata():
+    nb = _solved()
+    nb.metadata["otter"]["assignment_name"] = ["not", "a", "name"]
+    return nb
+
+
+# Careless, not malicious: each must be judged fairly, as (q1, q2, status, flag expected among the flags)
+CARELESS = {
+    "exits_at_the_end": (lambda: _with_cell("import os\nos._exit(0)"), ("0", "0", "exited-early", None)),
+    "colab_restart": (lambda: _with_cell("import os\nos.kill(os.getpid(), 9)"), ("0", "0", "killed", None)),
+    "time_magic": (_timed_answer, ("2", "3", "ok", None)),
+    # its own check cells raise SystemExit too: cell errors, and q2 keeps its points
+    "system_exit_in_q1": (_exit_in_function, ("0", "3", "cell-errors", None)),
+    "schema_quirk": (_schema_quirk, ("2", "3", "ok", "repaired")),
+    # otter.Notebook() refuses the metadata in the notebook's own cells; the grader grades it anyway
+    "odd_metadata": (_odd_metadata, ("2", "3", "cell-errors", None)),
 }
 
 
@@ -172,6 +265,20 @@ def graded(tmp_path_factory):
         folder = subs / name
         folder.mkdir()
         nbformat.write(_attacker(cell), folder / f"{LAB}.ipynb")
+    for name, (build, _) in CARELESS.items():
+        (subs / name).mkdir()
+        (subs / name / f"{LAB}.ipynb").write_text(json.dumps(build()))  # as is: no validation on the way
+    # identity: one folder per student, whatever the files are called; odd and clashing names
+    for folder, file in (("mallory", f"victor_{LAB}.ipynb"), ("Zoë", f"{LAB}.ipynb"), ("Zoé", f"{LAB}.ipynb"),
+                         ("李雷", f"{LAB}.ipynb"), ("=1+2", f"{LAB}.ipynb"), ("twice", f"{LAB}.ipynb"),
+                         ("twice", "lab00_again.ipynb")):  # fmt: skip
+        (subs / folder).mkdir(exist_ok=True)
+        nb = _attacker(f"# {folder} {file}")  # distinct, wrong (0 / 5)
+        nbformat.write(nb, subs / folder / file)
+    (subs / "linker").mkdir()
+    (subs / "linker" / f"{LAB}.ipynb").symlink_to(subs / "victim_a" / f"{LAB}.ipynb")
+    (subs / "linker_to_solutions").mkdir()
+    (subs / "linker_to_solutions" / f"{LAB}.ipynb").symlink_to(ROOT / "solutions" / f"{LAB}.ipynb")
     for victim in ("victim_a", "victim_b"):  # honest, solved: graded beside the attackers
         (subs / victim).mkdir()
         (subs / victim / f"{LAB}.ipynb").write_bytes((SUBMISSIONS / "alice" / f"{LAB}.ipynb").read_bytes())
@@ -180,7 +287,15 @@ def graded(tmp_path_factory):
     limits = grade.Limits(**LIMITS, namespaces=True)
     labs = {LAB: grade.Lab(LAB, grade.lab_tests(ROOT / "labs" / f"{LAB}.ipynb"), "labs/")}
     results = grade.grade([subs], out, labs=labs, jobs=2, limits=limits, progress=False)
-    return {"results": {r["student"]: r for r in results}, "out": out, "before": before}
+    by_student = {}
+    for r in results:
+        by_student.setdefault(r["student"], []).append(r)
+    return {
+        "results": {k: v[0] for k, v in by_student.items()},
+        "all": by_student,
+        "out": out,
+        "before": before,
+    }
 
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
@@ -234,6 +349,55 @@ def test_the_forged_events_are_named_for_what_they_did(graded):
     assert "ended" in row["notes"][0] or "exited" in row["notes"][0]
 
 
+def test_the_packages_own_code_as_an_answer_is_flagged(graded):
+    row = graded["results"]["copies_the_reference"]
+    assert "package-code" in row["flags"]
+    assert any("round_bf16_bits is the package's own kernels.bf16.round_bf16_bits_reference" in n for n in row["notes"])
+    assert not any("package-code" in graded["results"][v]["flags"] for v in ("victim_a", "victim_b"))
+
+
+@pytest.mark.parametrize("student", sorted(CARELESS))
+def test_a_careless_student_is_judged_fairly(graded, student):
+    row = graded["results"][student]
+    q1, q2, status, flag = CARELESS[student][1]
+    got = (f"{row['questions']['q1']['points']:g}", f"{row['questions']['q2']['points']:g}")
+    assert (got, row["status"]) == ((q1, q2), status), row["notes"]
+    assert row["possible"] == 5  # points possible come from the tests alone
+    if flag:
+        assert flag in row["flags"], row["flags"]
+
+
+def test_the_statuses_say_what_happened(graded):
+    notes = {s: " ".join(graded["results"][s]["notes"]) for s in ("exits_at_the_end", "colab_restart")}
+    assert "exited (status 0)" in notes["exits_at_the_end"] or "ended" in notes["exits_at_the_end"]
+    assert "killed (SIGKILL)" in notes["colab_restart"] and "memory" not in graded["results"]["colab_restart"]["flags"]
+    q1 = graded["results"]["system_exit_in_q1"]["questions"]["q1"]
+    assert "SystemExit" in q1["cases"][0]["message"]
+
+
+def test_identity_comes_from_the_folder_and_names_stay_apart(graded):
+    results = graded["results"]
+    assert "mallory" in results and "victor" not in results
+    feedback = sorted(p.name for p in (graded["out"] / "feedback" / LAB).iterdir())
+    zoe = [n for n in feedback if n.startswith("Zo")]
+    assert len(zoe) == 2 and len(set(zoe)) == 2, feedback
+    assert any(n.startswith("李雷") for n in feedback), feedback
+    assert not any(n.startswith("unnamed") for n in feedback)
+    assert "duplicate" in results["twice"]["flags"] and len(graded["all"]["twice"]) == 2
+
+
+def test_csv_cells_never_start_a_formula(graded):
+    text = (graded["out"] / "scores.csv").read_text()
+    assert "\n'=1+2," in text and "\n=1+2," not in text
+
+
+def test_symbolic_links_are_refused_unread(graded):
+    for student in ("linker", "linker_to_solutions"):
+        row = graded["results"][student]
+        assert (row["status"], row["total"]) == ("symlink", 0), row["notes"]
+
+
 def test_every_result_is_on_disk(graded):
     stored = [json.loads(p.read_text()) for p in (graded["out"] / "results").glob("*.json")]
-    assert {r["student"] for r in stored} == set(ATTACKS) | {"victim_a", "victim_b"}
+    graded_students = set(ATTACKS) | set(CARELESS) | {"victim_a", "victim_b", "mallory", "Zoë", "Zoé", "李雷"}
+    assert graded_students <= {r["student"] for r in stored}
