@@ -1,37 +1,49 @@
-"""Grade a workshop's submitted lab notebooks, each isolated, offline, without a GPU or Docker.
+"""Grade a workshop's submitted lab notebooks, each in a sandbox, offline, without a GPU or Docker.
 
-    python -m kernels.grade submissions/ --out grades/ [--jobs 4] [--timeout 600] [--memory-gb 8]
+    python -m kernels.grade submissions/ --out grades/ [--jobs 4] [--roster roster.csv] [--timeout 600]
 
 Each argument is a notebook or a folder searched for notebooks (``*.ipynb``).  For every submission:
 
+* the **student** is the roster's name for the file (``--roster``: a CSV of ``student,file``), or else
+  the first folder under the submissions folder (``submissions/alice/anything.ipynb`` -> ``alice``),
+  or else, for a notebook directly in it, its file name without the lab's name
+  (``alice_00_bf16_rounding.ipynb`` -> ``alice``);
 * the **lab** is read from the notebook's otter metadata (``assignment_name``), or else from its file
-  or folder name (``alice_00_bf16_rounding.ipynb``, ``alice/lab00.ipynb``); the CSV says which;
-* the **student** is the file name without the lab's name, or the folder's name when nothing is left
-  (``alice/00_bf16_rounding.ipynb`` -> ``alice``);
-* the notebook runs in its own process, in a fresh temporary folder holding only a copy of itself,
-  under a wall-clock limit, an address-space limit (``RLIMIT_AS``) and an output cap, with the
-  environment scrubbed, no network, and no view of the solutions, the tests, the other submissions or
-  the grader's outputs (see "Isolation" below);
-* after its last cell has run, and only then, the lab's tests (public and hidden, taken from the
-  otter autograder version of ``solutions/NN_name.ipynb``) are handed to the same process through a
-  pipe and run by otter-grader's test-file runner against the notebook's variables.  The tests call
-  the ``kernels.checks`` functions that the students' own check cells call.
+  or folder name; the CSV says which;
+* symbolic links are refused unread; a notebook that breaks nbformat's schema in a way Jupyter
+  tolerates is graded as it is (flagged ``repaired``); two notebooks of one student for one lab, answer
+  cells identical across students and graded names that are the package's own functions are flagged
+  for review (``duplicate``, ``identical-answer``, ``package-code``) without changing the status;
+* the notebook runs in a **sandbox** (below), cell by cell, each cell under a wall-clock limit;
+* then a **judge**, a second process that never runs student code, runs the lab's otter tests (public
+  and hidden, from the otter autograder version of ``solutions/NN_name.ipynb``; they never enter the
+  sandbox) against proxies of the graded names: each call's inputs go to the sandbox, which runs the
+  student's function on them and returns plain data (:mod:`kernels.grade_rpc`).  The tests call the
+  ``kernels.checks`` functions that the students' own check cells call, so the diagnoses are the same.
 
-Written to ``--out``: ``scores.csv`` (student, lab, points per question, total, status) and
-``feedback/<lab>/<student>.md`` (per question: passed, or failed with the check's diagnosis; hidden
-tests named, never shown).  Every result is also kept as ``results/<key>.json``, keyed by the
+Written to ``--out``: ``scores.csv`` (student, lab, points per question, total, status; cells that a
+spreadsheet would read as a formula are neutralised) and ``feedback/<lab>/<student>.md`` (per question:
+passed, or failed with the check's diagnosis; hidden tests named, never shown; one file per student,
+whatever the script of the name).  Every result is also kept as ``results/<key>.json``, keyed by the
 submission's content hash, its student and lab, and the tests; all files are written atomically, so an
 interrupted run loses nothing and a re-run grades only what is new or changed (``--force`` regrades).
 
-Statuses (one per submission, the most serious; ``flags`` lists all):
+Statuses (one per submission, the most serious; ``flags`` lists all, review flags included):
 
 ==================  ========================================================================
-``not-a-notebook``  the file is not a notebook (not JSON, or not nbformat); scores 0
+``not-a-notebook``  the file is not a notebook (not JSON, or no cells); scores 0
+``symlink``         the file, or a folder on the way to it, is a symbolic link: refused unread
+``not-in-roster``   a roster was given and does not list the notebook; not graded
 ``unknown-lab``     neither metadata nor file name says which lab; not graded
-``timeout``         the wall-clock limit was reached (an infinite loop); questions scored
-                    before that keep their points
-``memory``          the address-space limit was hit (MemoryError or the process died of it)
-``crashed``         the process died (a signal, e.g. a segmentation fault)
+``timeout``         a cell (or a call while scoring) ran past ``--cell-timeout`` and was
+                    stopped, the rest going on; or the whole run past the time limit, questions
+                    scored before that keeping their points
+``memory``          the address-space limit was hit (MemoryError)
+``killed``          the process was killed (SIGKILL) but not by the grader: by the system, or by
+                    the notebook itself (Colab's restart cell)
+``crashed``         the process died of another signal
+``exited-early``    the notebook ended its own process (``os._exit``): what came after is unscored
+``grader-error``    the judge failed: the grader's fault, not the student's
 ``forbidden-read``  a cell tried to read the solutions, the tests, other submissions or the
                     grader's outputs: refused, and flagged for the instructor
 ``forbidden-write`` a cell tried to write, delete or rename outside its folder: refused, flagged
@@ -45,19 +57,20 @@ Statuses (one per submission, the most serious; ``flags`` lists all):
 ``ok``              every cell ran (the score may still be partial)
 ==================  ========================================================================
 
-Isolation.  With user namespaces (``unshare -rmn``, tried at start-up; some distributions restrict
-them for unprivileged users, and the start-up line says which case holds), the process runs in its
-own network namespace (no interface but a down loopback: no network at all) and mount namespace,
-where the repository is mounted read-only and the solutions, the test suite (its data files
-excepted), the submission folders and the output folder are covered by empty file systems; a nested
-namespace then locks those mounts, so the process cannot unmount or remount them either: the
-guarantee is the kernel's.  In every case
-an audit hook (PEP 578) in the child refuses and reports opening those paths, writing anywhere but
-its folder, starting processes and opening sockets.  Without namespaces that hook is the only
-barrier, and audit hooks are not a security boundary against code written to evade them (ctypes,
-for one): grade untrusted work where namespaces are available, which the start-up line reports.
-Code that deliberately tampers with its own process (replacing the checks it is graded by) is not
-prevented; the feedback and CSV make such a notebook easy to review by hand.
+Isolation.  Where unprivileged user namespaces work (``unshare -rmnpf``, tried at start-up; some
+distributions restrict them, and the start-up line says which case holds), each notebook runs in its
+own user, mount, network and PID namespaces, under an init (``kernels/_sandbox_init.py``) whose death
+ends every process in them: no network at all; only its own processes visible, and its signals reach
+nothing outside; the whole file system read-only except one size-capped tmpfs holding only its own
+folder; the solutions, the test suite (its data files excepted), ``.git``, the submission folders, the
+output folder and the other sandboxes covered by empty mounts, all of them locked by a nested
+namespace so that the notebook cannot undo them: the guarantee is the kernel's.  Its processes and
+threads, address space, CPU time and file sizes are capped.  In every case an audit hook (PEP 578) in
+the sandbox also refuses and reports opening those paths, writing anywhere but its folder, starting
+processes and opening sockets.  Without namespaces that hook is the only barrier, and audit hooks are
+not a security boundary against code written to evade them (ctypes, for one): every row is then
+flagged ``unisolated``.  Either way, a notebook cannot change its own score by tampering with its own
+process, because the score is decided in the judge; it can only change what its functions answer.
 
 Out-of-bounds accesses: Triton's CPU interpreter performs an unmasked ``tl.load`` past the end of a
 tensor as a raw read of whatever memory follows (garbage, silently) and an unmasked ``tl.store`` as a
@@ -102,7 +115,7 @@ DEFAULT_PROCESSES = 256  # torch's thread pools count too
 
 # Flags for the instructor's review, listed in ``flags``, that do not make the status: the notebook was
 # graded as it is (a status says what happened while grading).
-REVIEW = ("duplicate", "identical-answer", "package-code", "repaired")
+REVIEW = ("duplicate", "identical-answer", "package-code", "repaired", "unisolated")
 
 STATUS_ORDER = [
     "not-a-notebook",
@@ -128,6 +141,7 @@ STATUS_ORDER = [
     "identical-answer",
     "package-code",
     "repaired",
+    "unisolated",
     "ok",
 ]
 
@@ -675,6 +689,9 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
         timed_out = "cpu"
     result = summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail, verdicts, judge_tail)
     result["cpu_seconds"] = round(cpu_s, 1)
+    if not limits.namespaces:
+        result["flags"].append("unisolated")
+        result["notes"].append("graded without a sandbox (no user namespaces): only the audit hook isolated it")
     return result
 
 
@@ -1768,6 +1785,18 @@ def main(argv=None) -> int:
         "--cpu-timeout", type=float, default=None, help="CPU seconds per submission (default: the same as --timeout)"
     )
     parser.add_argument(
+        "--cell-timeout",
+        type=float,
+        default=DEFAULT_CELL_S,
+        help="wall-clock seconds per cell, and per call of a graded function while scoring (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--disk-mb",
+        type=float,
+        default=DEFAULT_DISK_MB,
+        help="the sandbox's one writable folder, MB (default: %(default)s)",
+    )
+    parser.add_argument(
         "--memory-gb",
         type=float,
         default=DEFAULT_MEMORY_GB,
@@ -1803,7 +1832,7 @@ def main(argv=None) -> int:
     missing = [str(s) for s in args.submissions if not s.exists()]
     if missing:
         parser.error(f"submissions: no such file(s) or folder(s): {', '.join(missing)}")
-    for name in ("timeout", "memory_gb", "output_mb", "jobs", "cpu_timeout"):
+    for name in ("timeout", "memory_gb", "output_mb", "jobs", "cpu_timeout", "cell_timeout", "disk_mb"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not args.labs_dir.is_dir():
@@ -1819,12 +1848,25 @@ def main(argv=None) -> int:
         parser.error(f"--lab: unknown lab {args.lab!r}; known: {', '.join(labs)}")
     namespaces = not args.no_namespaces and namespaces_available()
     print(
-        f"grading with {'user, mount and network namespaces (unshare -rmn) and' if namespaces else 'ONLY'} an audit "
-        f"hook; {args.timeout:g} s, {args.memory_gb:g} GB, {args.output_mb:g} MB of output per submission; "
-        f"{args.jobs} at a time",
+        (
+            "grading in sandboxes of user, mount, network and PID namespaces (unshare -rmnpf) with an audit hook"
+            if namespaces
+            else "grading WITHOUT a sandbox: no user namespaces here (or --no-namespaces), so ONLY an audit hook "
+            "isolates each notebook, and every row is flagged unisolated"
+        )
+        + f"; {args.timeout:g} s, {args.cell_timeout:g} s per cell, {args.memory_gb:g} GB, {args.output_mb:g} MB "
+        f"of output per submission; {args.jobs} at a time",
         file=sys.stderr,
     )
-    limits = Limits(args.timeout, args.memory_gb, args.output_mb, namespaces, args.cpu_timeout)
+    limits = Limits(
+        args.timeout,
+        args.memory_gb,
+        args.output_mb,
+        namespaces,
+        args.cpu_timeout,
+        disk_mb=args.disk_mb,
+        cell_s=args.cell_timeout,
+    )
     results = grade(
         args.submissions,
         args.out,
