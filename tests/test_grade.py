@@ -38,7 +38,9 @@ ESCAPE_TARGETS = [ROOT / "ESCAPED.txt", Path("/tmp/ESCAPED-kernels-grade.txt")]
 def _labs():
     tests = grade.lab_tests(LAB)
     tests["q2"] += HIDDEN_CASE
-    return {LAB_NAME: grade.Lab(LAB_NAME, tests, "labs/ plus one hidden test")}
+    # what this checkout keeps secret, also where the package is installed from another checkout
+    secret = [ROOT / "solutions", ROOT / ".git", *(p for p in (ROOT / "tests").iterdir() if p.name != "data")]
+    return {LAB_NAME: grade.Lab(LAB_NAME, tests, "labs/ plus one hidden test", tuple(map(str, secret)))}
 
 
 def _digest(path: Path) -> str:

@@ -256,12 +256,31 @@ def _attacker(cell: str) -> nbformat.NotebookNode:
     return nb
 
 
+# Escapes only a sandbox stops (the audit hook alone is not a boundary): graded where namespaces work;
+# elsewhere never even written out (a fork bomb or a kill-every-process cell outside a sandbox is real).
+ESCAPES = {
+    "write_outside",
+    "start_program",
+    "signals",
+    "helper_outlives",
+    "read_classmates",
+    "read_history",
+    "network",
+    "fill_the_disk",
+    "fork_bomb",
+}
+SANDBOX = grade.namespaces_available()
+needs_sandbox = pytest.mark.skipif(not SANDBOX, reason="no user namespaces here: escapes are not graded without them")
+
+
+def _attacks() -> dict:
+    return {k: v for k, v in ATTACKS.items() if SANDBOX or k not in ESCAPES}
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    if not grade.namespaces_available():
-        pytest.skip("this machine cannot make user namespaces: the sandbox is only an audit hook here")
     subs = tmp_path_factory.mktemp("attacks")
-    for name, cell in ATTACKS.items():
+    for name, cell in _attacks().items():
         folder = subs / name
         folder.mkdir()
         nbformat.write(_attacker(cell), folder / f"{LAB}.ipynb")
@@ -284,7 +303,7 @@ def graded(tmp_path_factory):
         (subs / victim / f"{LAB}.ipynb").write_bytes((SUBMISSIONS / "alice" / f"{LAB}.ipynb").read_bytes())
     before = {p: p.read_bytes() for p in subs.rglob("*.ipynb")}
     out = tmp_path_factory.mktemp("attack-grades")
-    limits = grade.Limits(**LIMITS, namespaces=True)
+    limits = grade.Limits(**LIMITS, namespaces=SANDBOX)
     labs = {LAB: grade.Lab(LAB, grade.lab_tests(ROOT / "labs" / f"{LAB}.ipynb"), "labs/")}
     results = grade.grade([subs], out, labs=labs, jobs=2, limits=limits, progress=False)
     by_student = {}
@@ -298,8 +317,15 @@ def graded(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_an_attack_gets_what_its_outputs_deserve(graded, attack):
+@pytest.mark.parametrize("attack", sorted(set(ATTACKS) - ESCAPES))
+def test_a_forgery_gets_what_its_outputs_deserve(graded, attack):
+    """The judge decides, so these work with or without a sandbox."""
+    test_an_escape_gets_what_its_outputs_deserve(graded, attack)
+
+
+@needs_sandbox
+@pytest.mark.parametrize("attack", sorted(ESCAPES))
+def test_an_escape_gets_what_its_outputs_deserve(graded, attack):
     row = graded["results"][attack]
     q1, q2, status = EXPECTED[attack]
     got = (f"{row['questions']['q1']['points']:g}", f"{row['questions']['q2']['points']:g}")
@@ -316,6 +342,7 @@ def test_honest_students_beside_the_attackers_keep_their_grade(graded):
         assert "identical-answer" in row["flags"]  # the two are copies of one notebook: flagged for review
 
 
+@needs_sandbox
 def test_nothing_was_written_outside_and_the_submissions_are_untouched(graded):
     leaks = sorted(str(p) for p in Path("/tmp").glob(f"kernels-grade-escaped-{MARK}*"))
     for place in (ROOT, Path.home()):
@@ -325,6 +352,7 @@ def test_nothing_was_written_outside_and_the_submissions_are_untouched(graded):
         assert path.read_bytes() == data, f"{path} was changed"
 
 
+@needs_sandbox
 def test_nothing_the_sandboxes_started_is_still_running(graded):
     left = []
     for proc in Path("/proc").iterdir():
@@ -337,6 +365,7 @@ def test_nothing_the_sandboxes_started_is_still_running(graded):
     assert left == []
 
 
+@needs_sandbox
 def test_signals_reach_nothing_outside_the_sandbox(graded):
     """The "signals" notebook killed every process it could see, its parent included: it saw only its
     own namespace (q1 stayed 0 above), and the grader went on to grade everyone."""
@@ -399,5 +428,5 @@ def test_symbolic_links_are_refused_unread(graded):
 
 def test_every_result_is_on_disk(graded):
     stored = [json.loads(p.read_text()) for p in (graded["out"] / "results").glob("*.json")]
-    graded_students = set(ATTACKS) | set(CARELESS) | {"victim_a", "victim_b", "mallory", "Zoë", "Zoé", "李雷"}
+    graded_students = set(_attacks()) | set(CARELESS) | {"victim_a", "victim_b", "mallory", "Zoë", "Zoé", "李雷"}
     assert graded_students <= {r["student"] for r in stored}
