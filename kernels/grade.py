@@ -1625,6 +1625,7 @@ def grade(
     secret = {ROOT / "solutions", ROOT / ".git", *tests, out, *folders}
     secret |= {Path(d).resolve() for one in labs.values() for d in one.secret}
     hidden = sorted(p for p in secret if p.exists() and not _inside(ROOT / "kernels", p))
+    hidden = [p for p in hidden if not any(q != p and _inside(p, q) for q in hidden)]  # covered by a parent
     (out / "results").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="kernels-grade-"))
     hidden.append(scratch)  # other submissions' sandboxes; a child's own folder stays visible

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from _once import once
 
 from kernels import grade
 
@@ -47,17 +48,24 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    out = tmp_path_factory.mktemp("grades")
+def _grade_the_samples(folder: Path) -> dict:
+    out = folder / "grades"
+    out.mkdir()
     canary = out / "earlier-result.txt"  # something the grader's output folder held before
     canary.write_text("keep me")
-    protected = {p: _digest(p) for p in [ROOT / "README.md", LAB, ROOT / "solutions" / LAB.name]}
+    protected = {str(p): _digest(p) for p in [ROOT / "README.md", LAB, ROOT / "solutions" / LAB.name]}
     for target in ESCAPE_TARGETS:
         target.unlink(missing_ok=True)
     limits = grade.Limits(**LIMITS, namespaces=grade.namespaces_available())
     results = grade.grade([SUBMISSIONS], out, labs=_labs(), jobs=2, limits=limits, progress=False)
-    return {"out": out, "results": results, "canary": canary, "protected": protected}
+    return {"out": str(out), "results": results, "canary": str(canary), "protected": protected}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    done = once(tmp_path_factory, "grade-samples", _grade_the_samples)  # once, whatever the workers
+    protected = {Path(p): digest for p, digest in done["protected"].items()}
+    return {**done, "out": Path(done["out"]), "canary": Path(done["canary"]), "protected": protected}
 
 
 def _rows(path):

@@ -7,6 +7,7 @@ each test then reads its row.  An attack must get the score its outputs deserve,
 what happened; nothing may be written outside the output folder; the grader must survive them all.
 """
 
+import hashlib
 import json
 import os
 import uuid
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from _once import once
 
 from kernels import grade
 
@@ -21,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SUBMISSIONS = ROOT / "tests" / "submissions"
 LAB = "00_bf16_rounding"
 LIMITS = dict(timeout_s=300, cpu_s=60, memory_gb=6, output_mb=1)
-MARK = uuid.uuid4().hex[:12]  # names this run's files and processes, so that a leftover is recognised
+# names this run's files and processes, so that a leftover is recognised; one for all of a run's workers
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
+MARK = hashlib.sha256(_RUN.encode()).hexdigest()[:12]
 OUTSIDE = Path("/tmp") / f"kernels-grade-escaped-{MARK}"
 
 TRUNCATING_Q1 = """
@@ -277,9 +281,9 @@ def _attacks() -> dict:
     return {k: v for k, v in ATTACKS.items() if SANDBOX or k not in ESCAPES}
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    subs = tmp_path_factory.mktemp("attacks")
+def _grade_the_attacks(folder: Path) -> dict:
+    subs = folder / "attacks"
+    subs.mkdir()
     for name, cell in _attacks().items():
         folder = subs / name
         folder.mkdir()
@@ -288,12 +292,12 @@ def graded(tmp_path_factory):
         (subs / name).mkdir()
         (subs / name / f"{LAB}.ipynb").write_text(json.dumps(build()))  # as is: no validation on the way
     # identity: one folder per student, whatever the files are called; odd and clashing names
-    for folder, file in (("mallory", f"victor_{LAB}.ipynb"), ("Zoë", f"{LAB}.ipynb"), ("Zoé", f"{LAB}.ipynb"),
+    for owner, file in (("mallory", f"victor_{LAB}.ipynb"), ("Zoë", f"{LAB}.ipynb"), ("Zoé", f"{LAB}.ipynb"),
                          ("李雷", f"{LAB}.ipynb"), ("=1+2", f"{LAB}.ipynb"), ("twice", f"{LAB}.ipynb"),
                          ("twice", "lab00_again.ipynb")):  # fmt: skip
-        (subs / folder).mkdir(exist_ok=True)
-        nb = _attacker(f"# {folder} {file}")  # distinct, wrong (0 / 5)
-        nbformat.write(nb, subs / folder / file)
+        (subs / owner).mkdir(exist_ok=True)
+        nb = _attacker(f"# {owner} {file}")  # distinct, wrong (0 / 5)
+        nbformat.write(nb, subs / owner / file)
     (subs / "linker").mkdir()
     (subs / "linker" / f"{LAB}.ipynb").symlink_to(subs / "victim_a" / f"{LAB}.ipynb")
     (subs / "linker_to_solutions").mkdir()
@@ -301,20 +305,25 @@ def graded(tmp_path_factory):
     for victim in ("victim_a", "victim_b"):  # honest, solved: graded beside the attackers
         (subs / victim).mkdir()
         (subs / victim / f"{LAB}.ipynb").write_bytes((SUBMISSIONS / "alice" / f"{LAB}.ipynb").read_bytes())
-    before = {p: p.read_bytes() for p in subs.rglob("*.ipynb")}
-    out = tmp_path_factory.mktemp("attack-grades")
+    before = {str(p): _digest(p) for p in subs.rglob("*.ipynb") if not p.is_symlink()}
+    out = folder / "grades"
     limits = grade.Limits(**LIMITS, namespaces=SANDBOX)
     labs = {LAB: grade.Lab(LAB, grade.lab_tests(ROOT / "labs" / f"{LAB}.ipynb"), "labs/")}
     results = grade.grade([subs], out, labs=labs, jobs=2, limits=limits, progress=False)
     by_student = {}
     for r in results:
         by_student.setdefault(r["student"], []).append(r)
-    return {
-        "results": {k: v[0] for k, v in by_student.items()},
-        "all": by_student,
-        "out": out,
-        "before": before,
-    }
+    return {"results": {k: v[0] for k, v in by_student.items()}, "all": by_student, "out": str(out), "before": before}
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    done = once(tmp_path_factory, "grade-attacks", _grade_the_attacks)  # once, whatever the workers
+    return {**done, "out": Path(done["out"])}
 
 
 @pytest.mark.parametrize("attack", sorted(set(ATTACKS) - ESCAPES))
@@ -348,8 +357,8 @@ def test_nothing_was_written_outside_and_the_submissions_are_untouched(graded):
     for place in (ROOT, Path.home()):
         leaks += sorted(str(p) for p in place.glob(f"escaped-{MARK}"))
     assert leaks == []
-    for path, data in graded["before"].items():
-        assert path.read_bytes() == data, f"{path} was changed"
+    for path, digest in graded["before"].items():
+        assert _digest(Path(path)) == digest, f"{path} was changed"
 
 
 @needs_sandbox
