@@ -184,7 +184,7 @@ def run_part(root, name: str, workers: int, extra: list) -> dict:
     """Run one part under pytest (a subprocess, in ``root``) and return its record."""
     # Tests are spread one by one (a file of grader runs would otherwise hold one worker for minutes);
     # a notebook's cells share one kernel, so notebooks go whole.
-    dist = "loadfile" if name == "notebooks" else "load"
+    dist = "loadfile" if name == "notebooks" else "worksteal"  # worksteal: a long test does not hold up a queue
     flags = ["-o", "addopts=", "-p", "no:cacheprovider", "--dist", dist, "-n", str(workers)]
     flags += ["--nbval-lax"] if name == "notebooks" else [f"--deselect={d}" for d in DESELECT]
     shown = ["python", "-m", "pytest", *flags, *extra, *PARTS[name]]

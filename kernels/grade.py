@@ -14,7 +14,7 @@ Each argument is a notebook or a folder searched for notebooks (``*.ipynb``).  F
   tolerates is graded as it is (flagged ``repaired``); two notebooks of one student for one lab, answer
   cells identical across students and graded names that are the package's own functions are flagged
   for review (``duplicate``, ``identical-answer``, ``package-code``) without changing the status;
-* the notebook runs in a **sandbox** (below), cell by cell, each cell under a wall-clock limit;
+* the notebook runs in a **sandbox** (below), cell by cell, each cell under a CPU-time limit;
 * then a **judge**, a second process that never runs student code, runs the lab's otter tests (public
   and hidden, from the otter autograder version of ``solutions/NN_name.ipynb``; they never enter the
   sandbox) against proxies of the graded names: each call's inputs go to the sandbox, which runs the
@@ -35,7 +35,7 @@ Statuses (one per submission, the most serious; ``flags`` lists all, review flag
 ``symlink``         the file, or a folder on the way to it, is a symbolic link: refused unread
 ``not-in-roster``   a roster was given and does not list the notebook; not graded
 ``unknown-lab``     neither metadata nor file name says which lab; not graded
-``timeout``         a cell (or a call while scoring) ran past ``--cell-timeout`` and was
+``timeout``         a cell (or a call while scoring) ran past ``--cell-timeout`` CPU seconds and was
                     stopped, the rest going on; or the whole run past the time limit, questions
                     scored before that keeping their points
 ``memory``          the address-space limit was hit (MemoryError)
@@ -110,7 +110,7 @@ DEFAULT_TIMEOUT_S = 600
 DEFAULT_MEMORY_GB = 8.0
 DEFAULT_OUTPUT_MB = 2.0
 DEFAULT_DISK_MB = 256.0
-DEFAULT_CELL_S = 120.0  # one cell, or one call of a graded function while scoring
+DEFAULT_CELL_S = 120.0  # CPU seconds for one cell, or one call of a graded function while scoring
 DEFAULT_PROCESSES = 256  # torch's thread pools count too
 
 # Flags for the instructor's review, listed in ``flags``, that do not make the status: the notebook was
@@ -482,7 +482,7 @@ class Limits:
     cpu_s: float | None = None  # CPU seconds (RLIMIT_CPU); None: the same as timeout_s
     disk_mb: float = DEFAULT_DISK_MB  # the sandbox's one writable folder (a tmpfs of this size)
     processes: int = DEFAULT_PROCESSES  # processes and threads inside the sandbox (RLIMIT_NPROC)
-    cell_s: float = DEFAULT_CELL_S  # wall-clock seconds per cell and per call while scoring
+    cell_s: float = DEFAULT_CELL_S  # CPU seconds per cell and per call while scoring
 
     @property
     def cpu_limit(self) -> int:
@@ -796,8 +796,8 @@ def summarise(sub, lab, events, returncode, timed_out, elapsed, limits, log_tail
         cut = ", ".join(str(e["index"] + 1) for e in slow)
         flag(
             "timeout",
-            f"cell {cut} ran longer than {limits.cell_s:g} s and was stopped there; the other cells ran "
-            f"(a cell that runs this long belongs outside the graded notebook)",
+            f"cell {cut} ran longer than {limits.cell_s:g} s of CPU time and was stopped there; the other cells "
+            f"ran (a cell that runs this long belongs outside the graded notebook)",
         )
     if any(e.get("memory") for e in cells) or any(c.get("memory") for c in cases):
         flag("memory", f"ran out of memory (limit {limits.memory_gb:g} GB of address space)")
@@ -1789,7 +1789,7 @@ def main(argv=None) -> int:
         "--cell-timeout",
         type=float,
         default=DEFAULT_CELL_S,
-        help="wall-clock seconds per cell, and per call of a graded function while scoring (default: %(default)s)",
+        help="CPU seconds per cell, and per call of a graded function while scoring (default: %(default)s)",
     )
     parser.add_argument(
         "--disk-mb",
@@ -1855,7 +1855,7 @@ def main(argv=None) -> int:
             else "grading WITHOUT a sandbox: no user namespaces here (or --no-namespaces), so ONLY an audit hook "
             "isolates each notebook, and every row is flagged unisolated"
         )
-        + f"; {args.timeout:g} s, {args.cell_timeout:g} s per cell, {args.memory_gb:g} GB, {args.output_mb:g} MB "
+        + f"; {args.timeout:g} s, {args.cell_timeout:g} CPU s per cell, {args.memory_gb:g} GB, {args.output_mb:g} MB "
         f"of output per submission; {args.jobs} at a time",
         file=sys.stderr,
     )

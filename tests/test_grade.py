@@ -88,7 +88,7 @@ def test_every_bad_kind_is_explained(graded):
     assert re.match(r"cell 4: SyntaxError: unmatched '\)' \(line 3\); not defined: round_bf16_bits", detail["dave"])
     assert detail["erin"] == "not defined: round_bf16_bits"
     assert detail["frank"].startswith("all 6 code cells raised an exception; not defined: fp32_to_bf16, round_bf16")
-    assert detail["grace"].startswith("cell 7 ran longer than 15 s and was stopped there; the other cells ran")
+    assert detail["grace"].startswith("cell 7 ran longer than 15 s of CPU time and was stopped there; the other cells")
     assert detail["heidi"].startswith("ran out of memory (limit 6 GB of address space)")
     assert detail["ivan"].startswith("printed more than 1 MB; the rest of the output was dropped; a cell starting")
     for what in ["solutions/00_bf16_rounding.ipynb: the solutions", "tests/test_grade.py", "cmdline: another process"]:
@@ -133,7 +133,7 @@ def test_feedback_names_hidden_tests_without_revealing_them(graded):
     assert "* hidden test `q2 - 2`: failed" in bob
     assert "* hidden test `q2 - 2`: passed" in (feedback / "alice.md").read_text()
     grace = (feedback / "grace.md").read_text()
-    assert "cell 7 ran longer than 15 s and was stopped there" in grace and "## q2: 3 / 3" in grace
+    assert "cell 7 ran longer than 15 s of CPU time and was stopped there" in grace and "## q2: 3 / 3" in grace
     assert "q2: fp32_to_bf16 (your kernel's launcher): out-of-bounds tl.load" in (feedback / "oscar.md").read_text()
 
 
