@@ -1157,7 +1157,7 @@ def _child(spec: dict) -> int:
 
     # IPython's shell, for what its transformer makes of magics (%%time, %timeit, !ls -> get_ipython())
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
-    shell = _shell(ns)
+    _shell(ns)
     hook = _audit_hook(workdir, root, hidden, emit)
     sys.addaudithook(hook)
 
@@ -1187,7 +1187,6 @@ def _child(spec: dict) -> int:
         emit(**record)
     sys.stdout.flush()
     emit(event="executed")
-    del shell
     # The tests never come here: the judge asks for the graded names' values, and for calls on them.
     try:
         grade_rpc.serve(spec["requests_fd"], spec["answers_fd"], ns, spec["names"], limit)
