@@ -545,7 +545,7 @@ def _warm_caches(scratch: Path) -> Path:
     return cache
 
 
-def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, scratch: Path) -> dict:
+def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, scratch: Path, judges=None) -> dict:
     """Grade one submission: its notebook runs in a sandbox, its questions are judged by a second process
     that never runs student code (see :mod:`kernels.grade_rpc`); returns their events summarised."""
     workdir = Path(tempfile.mkdtemp(prefix="sub-", dir=scratch))
@@ -557,6 +557,8 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
     judge_dir = workdir.with_name(workdir.name + "-judge")
     judge_dir.mkdir()
     names = lab.graded_names()
+    own_server = judges is None
+    judges = judges or _JudgeServer(judge_dir / "server")
     requests_r, requests_w = os.pipe()  # judge -> sandbox
     answers_r, answers_w = os.pipe()  # sandbox -> judge
     events_r, events_w = os.pipe()  # sandbox -> grader: what each cell did (told, not trusted)
@@ -592,11 +594,10 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_cap, file_cap))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
-    judge_spec = {"events_fd": verdicts_w, "answers_fd": answers_r, "requests_fd": requests_w}
     log = open(workdir / "tmp" / "child.log", "wb")
     judge_log = open(judge_dir / "judge.log", "wb")
     started = time.monotonic()
-    procs = []
+    procs, judge = [], None
     try:
         proc = subprocess.Popen(
             cmd,
@@ -610,33 +611,19 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
             start_new_session=True,
         )
         procs.append(proc)
-        judge = subprocess.Popen(
-            [sys.executable, "-m", "kernels.grade", "--judge", json.dumps(judge_spec)],
-            cwd=judge_dir,
-            env=_judge_env(judge_dir),
-            stdin=subprocess.PIPE,
-            stdout=judge_log,
-            stderr=judge_log,
-            pass_fds=(verdicts_w, answers_r, requests_w),
-            start_new_session=True,
-        )
-        procs.append(judge)
+        # the tests exist only in the judge, never in the sandbox
+        judge = judges.start(lab.tests, (verdicts_w, answers_r, requests_w, judge_log.fileno()))
     finally:
         for fd in (events_w, requests_r, answers_w, verdicts_w, answers_r, requests_w):
             os.close(fd)
         log.close()
         judge_log.close()
-        if len(procs) < 2:
+        if judge is None:
             _stop(procs)
             os.close(events_r)
             os.close(verdicts_r)
     with _RUNNING_LOCK:
         _RUNNING.update(procs)
-    try:  # the tests exist only in the judge, never in the sandbox
-        judge.stdin.write(json.dumps(lab.tests).encode())
-        judge.stdin.close()
-    except OSError:
-        pass
     events, verdicts, timed_out = [], [], False
     streams = {events_r: (events, b""), verdicts_r: (verdicts, b"")}
     deadline = started + limits.timeout_s
@@ -669,6 +656,9 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
         while _running(proc) and time.monotonic() < end:
             time.sleep(0.05)
     finally:
+        if verdicts_r in streams:  # the judge has not finished (a timeout, an interruption): stop it
+            with _suppress():
+                os.kill(judge, signal.SIGKILL)
         for fd in list(streams):
             os.close(fd)
         exited = not _running(proc)
@@ -681,6 +671,8 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
         returncode = 128 - returncode
     if not exited and not timed_out:
         returncode = 0  # still serving when the judge had finished: stopped by the grader, not dead
+    if own_server:
+        judges.close()
     log_tail = (workdir / "tmp" / "child.log").read_bytes()[-4000:].decode("utf-8", "replace")
     judge_tail = (judge_dir / "judge.log").read_bytes()[-4000:].decode("utf-8", "replace")
     shutil.rmtree(workdir, ignore_errors=True)
@@ -1214,12 +1206,96 @@ def _shell(ns: dict):
         return None
 
 
-def _judge(spec: dict) -> int:
-    """The judge of one submission: runs the lab's otter tests (from stdin) against the sandbox's graded
-    names, as :class:`kernels.grade_rpc.Remote` proxies.  It never runs student code; its events on
-    ``events_fd`` are the only source of scores."""
-    tests = json.loads(sys.stdin.buffer.read() or b"{}")
-    events_fd = spec["events_fd"]
+JUDGE_MODULES = ("otter.test_files.exception_test", "kernels", "kernels.checks", "kernels.grade_rpc")
+
+
+def _judge_server(fd: int) -> int:
+    """Import what a judge needs once, then fork a fresh judge for every job the grader sends on the
+    socket ``fd`` (a message of JSON: the tests; with it the job's file descriptors: verdicts, answers,
+    requests, log).  Forking gives every submission a judge in a clean state without paying the imports
+    (torch, triton, otter: seconds of CPU) again; the server itself never runs a check, and no student
+    code ever reaches it."""
+    import importlib
+    import pkgutil
+    import socket
+
+    sock = socket.socket(fileno=fd)
+    for name in JUDGE_MODULES:
+        importlib.import_module(name)
+    import kernels.checks
+
+    for info in pkgutil.iter_modules(kernels.checks.__path__):  # the labs' checks, imported once too
+        importlib.import_module(f"kernels.checks.{info.name}")
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the judges
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 1 << 22, 4)
+        except OSError:
+            return 0
+        if not message:
+            return 0  # the grader closed its end
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                sock.close()
+                os.setsid()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                verdicts, answers, requests, log = fds
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                code = _judge(json.loads(message), verdicts, answers, requests)
+            finally:
+                os._exit(code)
+        for f in fds:
+            os.close(f)
+        sock.send(str(pid).encode())
+
+
+class _JudgeServer:
+    """The grader's end of :func:`_judge_server`: starts it once per run, hands it one job per
+    submission (from any thread) and returns the new judge's process id."""
+
+    def __init__(self, folder: Path):
+        import socket
+
+        folder.mkdir(exist_ok=True)
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log = folder / "judge-server.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kernels.grade", "--judge-server", str(theirs.fileno())],
+                cwd=folder,
+                env=_judge_env(folder),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
+        theirs.close()
+        self.lock = threading.Lock()
+
+    def start(self, tests: dict, fds) -> int:
+        import socket
+
+        with self.lock:
+            socket.send_fds(self.sock, [json.dumps(tests).encode()], list(fds))
+            reply = self.sock.recv(64)
+        if not reply:
+            tail = self.log.read_bytes()[-2000:].decode("utf-8", "replace")
+            raise RuntimeError(f"the judge server has stopped: {tail}")
+        return int(reply)
+
+    def close(self):
+        self.sock.close()
+        _stop([self.proc])
+
+
+def _judge(tests: dict, events_fd: int, answers_fd: int, requests_fd: int) -> int:
+    """The judge of one submission: runs the lab's otter tests against the sandbox's graded names, as
+    :class:`kernels.grade_rpc.Remote` proxies.  It never runs student code; its events on ``events_fd``
+    are the only source of scores."""
 
     def emit(**event):
         os.write(events_fd, (json.dumps(event, default=str) + "\n").encode())
@@ -1231,7 +1307,7 @@ def _judge(spec: dict) -> int:
         import kernels.checks  # noqa: F401
         from kernels import grade_rpc
 
-        client = grade_rpc.Client(spec["answers_fd"], spec["requests_fd"])
+        client = grade_rpc.Client(answers_fd, requests_fd)
     except BaseException as e:  # noqa: BLE001
         emit(event="judge-error", error=f"{type(e).__name__}: {e}"[:500])
         return 1
@@ -1646,8 +1722,10 @@ def grade(
                 pass
         todo.append((key, sub))
 
+    judges = None
     if todo:
         _warm_caches(scratch)
+        judges = _JudgeServer(scratch / "judge")
     feedback_names = _feedback_names(submissions)
 
     def report(key, result) -> dict:
@@ -1669,7 +1747,7 @@ def grade(
                 f"no lab in the notebook's metadata or its file name (labs: {', '.join(labs)})",
             )
         else:
-            result = run_isolated(sub, lab_, limits, [h for h in hidden if h != scratch] + [scratch], scratch)
+            result = run_isolated(sub, lab_, limits, [h for h in hidden if h != scratch] + [scratch], scratch, judges)
         _atomic_write(out / "results" / f"{key}.json", json.dumps(result, indent=1))
         return key, result
 
@@ -1706,6 +1784,8 @@ def grade(
                 results[key] = _with_intake(result, subs_of[key])
         bar.close()
         write_csv(out / "scores.csv", list(results.values()))
+        if judges is not None:
+            judges.close()
         shutil.rmtree(scratch, ignore_errors=True)
     return sorted(results.values(), key=lambda r: (r["lab"], r["student"], r["submission"]))
 
@@ -1753,8 +1833,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--child"]:
         return _child(json.loads(argv[1]))
-    if argv[:1] == ["--judge"]:
-        return _judge(json.loads(argv[1]))
+    if argv[:1] == ["--judge-server"]:
+        return _judge_server(int(argv[1]))
     parser = argparse.ArgumentParser(
         prog="python -m kernels.grade",
         description=__doc__.splitlines()[0],
