@@ -283,6 +283,11 @@ class DynamicLossScaler:
         torch.nn.utils.clip_grad_norm_(params, max_norm)
         scaler.step(optimizer)              # skipped if an inf/NaN was found
         scaler.update()
+
+    Sparse gradients (``nn.Embedding(sparse=True)``) are unscaled through their values, as torch does.
+    Misuse raises ``RuntimeError`` with the step that is missing (``unscale_()`` before ``scale()``,
+    say), where GradScaler uses ``assert`` for some of these (an ``AssertionError``, gone under
+    ``python -O``); the decisions, the scale and the ``state_dict`` are GradScaler's.
     """
 
     def __init__(
@@ -357,7 +362,10 @@ class DynamicLossScaler:
                         "Attempting to unscale FP16 gradients: the parameters are fp16, so there are no "
                         "fp32 master weights to apply the update to (keep the parameters in fp32)."
                     )
-                per_device.setdefault(p.grad.device, []).append(p.grad)
+                # A sparse gradient (nn.Embedding(sparse=True)) is unscaled through its values, as
+                # GradScaler does: the same numbers, and an inf among them is found the same way.
+                grad = p.grad._values() if p.grad.is_sparse else p.grad
+                per_device.setdefault(grad.device, []).append(grad)
         found = {}
         with torch.no_grad():
             for dev, grads in per_device.items():

@@ -274,6 +274,28 @@ def test_state_dict_round_trip_between_scalers():
         amp.DynamicLossScaler().load_state_dict({})
 
 
+def test_sparse_gradients_are_unscaled_like_gradscaler():
+    """An nn.Embedding(sparse=True) trains with the scaler as with GradScaler: same skips, same bits."""
+    torch.manual_seed(0)
+    models = [torch.nn.Embedding(10, 4, sparse=True).to(DEVICE) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    scalers = (torch.amp.GradScaler(DEVICE, init_scale=2.0**10), amp.DynamicLossScaler(init_scale=2.0**10))
+    ids = torch.tensor([1, 3, 3, 7], device=DEVICE)  # a repeated index: an uncoalesced sparse gradient
+    for step, poison in enumerate((None, math.inf, None)):
+        for model, opt, scaler in zip(models, opts, scalers, strict=True):
+            opt.zero_grad()
+            loss = model(ids).pow(2).sum() * (poison if poison else 1.0)
+            scaler.scale(loss).backward()
+            assert model.weight.grad.is_sparse
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        assert scalers[0].get_scale() == scalers[1].get_scale(), f"step {step}"
+        assert torch.equal(models[0].weight, models[1].weight), f"step {step}"
+    assert scalers[1].get_scale() == 2.0**9  # the inf step was skipped and backed off
+
+
 def test_scaler_refuses_what_gradscaler_refuses():
     model = torch.nn.Linear(4, 2).to(DEVICE)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
