@@ -348,15 +348,24 @@ def quantize_tensor(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
 
 def quantize_tensor_with_scale(x: torch.Tensor, s: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
     """The cast pass alone, with a given reconstruction scale S (one element, on ``x``'s device): what
-    delayed scaling runs.  1/S is computed on the device as ``1 / S`` (fp32, correctly rounded)."""
+    delayed scaling runs.  1/S is computed on the device as ``1 / S`` (fp32, correctly rounded).
+
+    S should be positive and finite.  One so small that 1/S overflows (S = 0, or below about 2.9e-39)
+    is read as 1/S = FLT_MAX: zeros stay zero and everything else saturates, rather than 0 x inf
+    turning zeros into NaN codes.  (The value is not checked on the host: that would cost a device
+    sync on every call of a delayed-scaling step.)"""
     fmt = _check_fmt(fmt)
     x = _check_input(x)
     if not isinstance(s, torch.Tensor) or s.numel() != 1:
         raise ValueError(f"s must be a one-element tensor (the reconstruction scale S), got {s!r}")
     if s.device != x.device:
         raise ValueError(f"s is on {s.device} but x is on {x.device}: keep the scale on x's device")
-    inv = (1.0 / s.float()).reshape(1)
-    return _cast(x, inv, fmt)
+    return _cast(x, _inverse_scale(s).reshape(1), fmt)
+
+
+def _inverse_scale(s: torch.Tensor) -> torch.Tensor:
+    """fp32 ``1 / S``, with an overflowed reciprocal (S = 0, or S subnormal) held at FLT_MAX."""
+    return (1.0 / s.float()).clamp(max=torch.finfo(torch.float32).max)
 
 
 def quantize_tensor_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
@@ -371,7 +380,7 @@ def quantize_tensor_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
 
 def quantize_tensor_with_scale_reference(x: torch.Tensor, s: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
     fmt = _check_fmt(fmt)
-    return _encode_ref(_check_input(x).float(), (1.0 / s.float()).reshape(()), fmt)
+    return _encode_ref(_check_input(x).float(), _inverse_scale(s).reshape(()), fmt)
 
 
 # -- groups along the row: per row, 1x128, MXFP8 ---------------------------------------------------

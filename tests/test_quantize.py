@@ -112,6 +112,20 @@ def test_policies_zero_group_nan_inf_saturation():
     assert q.float().cpu().tolist() == [448.0, -448.0]
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scale", [0.0, 1e-40, 2.0**-149])
+def test_a_scale_whose_reciprocal_overflows_keeps_zeros_zero(scale, fmt):
+    """1/S = inf would make 0 x inf = NaN codes out of zeros: the reciprocal is held at FLT_MAX, so
+    zeros stay zero and the rest saturates (kernel and reference alike)."""
+    x = torch.tensor([0.0, -0.0, 1e-30, -3.0, 1e30], device=DEVICE)
+    s = torch.tensor(scale, device=DEVICE)
+    top = 448.0 if fmt == "e4m3" else 57344.0
+    for q in (Q.quantize_tensor_with_scale(x, s, fmt), Q.quantize_tensor_with_scale_reference(x, s, fmt)):
+        got = q.float().cpu()
+        assert not torch.isnan(got).any(), got
+        assert got[:2].tolist() == [0.0, 0.0] and got[3:].tolist() == [-top, top]
+
+
 def test_scales_are_reconstruction_scales():
     x = torch.randn(64, 256, device=DEVICE) * 7
     for g in ("tensor", "row", "1x128", "128x128"):
