@@ -681,7 +681,9 @@ def _dequant_args(q, s, granularity):
 
 def dequantize(q: torch.Tensor, s: torch.Tensor, granularity: str, out_dtype=torch.float32) -> torch.Tensor:
     """``S * q`` for every element, S chosen by ``granularity`` ("tensor", "row", "1x128", "128x128",
-    "mxfp8"); returns ``out_dtype`` (fp32 exact; bf16/fp16 one rounding).  NaN codes give NaN."""
+    "mxfp8"); returns ``out_dtype``: the product correctly rounded to it, once (exact in fp32 when S is
+    a power of two, as MXFP8's is; an fp32 scale times a code is rounded in about a third of cases).
+    NaN codes give NaN."""
     q2, s2, gm, gk = _dequant_args(q, s, granularity)
     if out_dtype not in INPUT_DTYPES:
         raise ValueError(f"out_dtype must be torch.float32, torch.bfloat16 or torch.float16, got {out_dtype}")
