@@ -597,7 +597,7 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
     log = open(workdir / "tmp" / "child.log", "wb")
     judge_log = open(judge_dir / "judge.log", "wb")
     started = time.monotonic()
-    procs, judge = [], None
+    procs, judge, judge_failure = [], None, ""
     try:
         proc = subprocess.Popen(
             cmd,
@@ -612,7 +612,10 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
         )
         procs.append(proc)
         # the tests exist only in the judge, never in the sandbox
-        judge = judges.start(lab.tests, (verdicts_w, answers_r, requests_w, judge_log.fileno()))
+        try:
+            judge = judges.start(lab.tests, (verdicts_w, answers_r, requests_w, judge_log.fileno()))
+        except (OSError, RuntimeError, ValueError) as e:  # the grader's own failure: this row says so
+            judge_failure = f"{type(e).__name__}: {e}"[:500]
     finally:
         for fd in (events_w, requests_r, answers_w, verdicts_w, answers_r, requests_w):
             os.close(fd)
@@ -622,6 +625,12 @@ def run_isolated(sub: Submission, lab: Lab, limits: Limits, hidden_paths: list, 
             _stop(procs)
             os.close(events_r)
             os.close(verdicts_r)
+            shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(judge_dir, ignore_errors=True)
+    if judge is None:
+        verdicts = [{"event": "judge-error", "error": judge_failure}]
+        result = summarise(sub, lab, [], 0, False, time.monotonic() - started, limits, "", verdicts)
+        return result | {"cpu_seconds": 0.0}
     with _RUNNING_LOCK:
         _RUNNING.update(procs)
     events, verdicts, timed_out = [], [], False
@@ -1257,11 +1266,16 @@ class _JudgeServer:
     submission (from any thread) and returns the new judge's process id."""
 
     def __init__(self, folder: Path):
+        folder.mkdir(exist_ok=True)
+        self.log = folder / "judge-server.log"
+        self.lock = threading.Lock()
+        self._spawn()
+
+    def _spawn(self):
         import socket
 
-        folder.mkdir(exist_ok=True)
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.log = folder / "judge-server.log"
+        folder = self.log.parent
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kernels.grade", "--judge-server", str(theirs.fileno())],
@@ -1274,18 +1288,25 @@ class _JudgeServer:
                 start_new_session=True,
             )
         theirs.close()
-        self.lock = threading.Lock()
 
     def start(self, tests: dict, fds) -> int:
+        """A new judge for one submission (the server is started again, once, if it has died)."""
         import socket
 
         with self.lock:
-            socket.send_fds(self.sock, [json.dumps(tests).encode()], list(fds))
-            reply = self.sock.recv(64)
-        if not reply:
-            tail = self.log.read_bytes()[-2000:].decode("utf-8", "replace")
-            raise RuntimeError(f"the judge server has stopped: {tail}")
-        return int(reply)
+            for attempt in range(2):
+                try:
+                    socket.send_fds(self.sock, [json.dumps(tests).encode()], list(fds))
+                    reply = self.sock.recv(64)
+                except OSError:
+                    reply = b""
+                if reply:
+                    return int(reply)
+                if attempt == 0:
+                    self.close()
+                    self._spawn()
+        tail = self.log.read_bytes()[-2000:].decode("utf-8", "replace")
+        raise RuntimeError(f"the judge server has stopped: {tail}")
 
     def close(self):
         self.sock.close()

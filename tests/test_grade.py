@@ -317,3 +317,17 @@ def test_self_paced_checks_agree_with_the_batch_grader(graded, student, tmp_path
             for case in public:
                 if not case["passed"]:  # the same diagnosis, word for word
                     assert grade._diagnosis(case["message"]).splitlines()[0] in text
+
+
+def test_a_failing_judge_is_the_graders_error_on_its_own_row(tmp_path, monkeypatch):
+    """If the judge cannot be started, the row says it is the grader's fault, and the run goes on."""
+
+    def broken(self, tests, fds):
+        raise RuntimeError("the judge server has stopped: simulated")
+
+    monkeypatch.setattr(grade._JudgeServer, "start", broken)
+    sample = SUBMISSIONS / "bob_00_bf16_rounding.ipynb"
+    results = grade.grade([sample], tmp_path / "out", labs=_labs(), limits=grade.Limits(**LIMITS), progress=False)
+    assert [(r["status"], r["total"]) for r in results] == [("grader-error", 0)]
+    assert "the grader's fault" in results[0]["notes"][0]
+    assert (tmp_path / "out" / "scores.csv").is_file()
