@@ -229,30 +229,81 @@ def lab_tests(lab: Path) -> dict:
         raise ValueError(f"lab {lab} holds no otter tests in its metadata; pass a notebook from labs/") from None
 
 
-def load_labs(labs_dir: Path = ROOT / "labs", solutions_dir: Path = ROOT / "solutions") -> dict:
-    """{lab name: Lab} for every lab in ``labs_dir``, with hidden tests from ``solutions_dir`` if there.
+HIDDEN_TESTS = "hidden_tests"  # solutions/hidden_tests/<lab>/<question>.py: otter test files, hidden cases only
 
-    The student lab carries only the public tests; the autograder notebook that ``otter assign``
-    makes from the solution carries the hidden ones too.  ``otter assign`` (seconds per lab) runs only
-    for a solution that may hold hidden tests; otherwise the lab's own tests are the whole set.
+
+def hidden_tests(solutions_dir: Path, lab: str, public: dict) -> dict:
+    """{question: otter test source} of the hidden test files of ``lab`` kept beside the solutions.
+
+    ``solutions_dir/hidden_tests/<lab>/<question>.py`` is an otter exception-based test file (as in
+    otter's own ``tests/`` folders) for one question of the lab: ``name = "<question>"`` and one or more
+    ``@test_case(name=..., hidden=True)`` functions that take only names the question's public test
+    takes.  It sets no ``points`` of its own: the question's total stays the one its public test states,
+    and otter shares it among all its cases.  The files live with the solutions, which no submission may
+    read, and only the judge ever runs them.
+    """
+    from otter.test_files.exception_test import ExceptionTestFile
+
+    folder = Path(solutions_dir) / HIDDEN_TESTS / lab
+    found = {}
+    for path in sorted(folder.glob("*.py"), key=lambda p: _natural(p.stem)):
+        where = f"{HIDDEN_TESTS}/{lab}/{path.name}"
+        question = path.stem
+        if question not in public:
+            raise ValueError(f"{where}: {lab} has no question {question!r} (its questions: {sorted(public)})")
+        source = path.read_text(encoding="utf-8")
+        env: dict = {}
+        exec(compile(source, str(path), "exec"), env)  # the instructor's own file, never a submission's
+        if env.get("name") != question:
+            raise ValueError(f"{where} must set name = {question!r}, got {env.get('name')!r}")
+        if "points" in env:
+            raise ValueError(f"{where} must not set points: the question's points come from its public test")
+        cases = ExceptionTestFile.from_string(source, path=where).test_cases
+        takes = {a for c in ExceptionTestFile.from_string(public[question], path=question).test_cases
+                 for a in c.body._get_func_params()}
+        if not cases:
+            raise ValueError(f"{where} defines no @test_case")
+        for case in cases:
+            if not case.hidden:
+                raise ValueError(f"{where}: test {case.name!r} is not hidden=True (public tests live in the lab)")
+            if re.fullmatch(rf"{re.escape(question)} - \d+", case.name):
+                raise ValueError(f"{where}: give each hidden test a name (feedback names it), as test_case(name=...)")
+            extra = set(case.body._get_func_params()) - takes - {"env"}
+            if extra:
+                raise ValueError(f"{where}: test {case.name!r} takes {sorted(extra)}, which {question}'s public test does not")
+        found[question] = source
+    return found
+
+
+def with_hidden(public: dict, hidden: dict) -> dict:
+    """One otter test source per question: its public cases, then its hidden ones."""
+    return {q: src if q not in hidden else f"{src.rstrip()}\n\n\n# hidden\n{hidden[q]}" for q, src in public.items()}
+
+
+def load_labs(labs_dir: Path = ROOT / "labs", solutions_dir: Path = ROOT / "solutions") -> dict:
+    """{lab name: Lab} for every lab in ``labs_dir``, with the hidden tests from ``solutions_dir``.
+
+    The student lab carries only the public tests.  The hidden ones are the test files of
+    ``solutions_dir/hidden_tests/<lab>/`` (:func:`hidden_tests`), and any hidden test cells of the
+    solution itself, which only the autograder notebook that ``otter assign`` makes from it carries
+    (``otter assign`` takes seconds per lab, so it runs only for a solution that may hold one).
     """
     from kernels import labgen
 
     labs = {}
     for path in sorted(Path(labs_dir).glob("*.ipynb")):
         master = Path(solutions_dir) / path.name
-        if master.is_file() and not _may_hide_tests(master):
-            labs[path.stem] = Lab(
-                path.stem, lab_tests(path), f"labs/{path.name}; no hidden tests", (str(solutions_dir),)
-            )
-        elif master.is_file():
+        if master.is_file() and _may_hide_tests(master):
             with tempfile.TemporaryDirectory(prefix="kernels-grade-assign-") as tmp:
                 _, autograder = labgen.assign(master, Path(tmp))
-                labs[path.stem] = Lab(
-                    path.stem, lab_tests(autograder), f"solutions/{path.name}, hidden ones too", (str(solutions_dir),)
-                )
+                tests, source = lab_tests(autograder), f"solutions/{path.name}"
         else:
-            labs[path.stem] = Lab(path.stem, lab_tests(path), f"labs/{path.name}, public tests only")
+            tests, source = lab_tests(path), f"labs/{path.name}"
+        hidden = hidden_tests(solutions_dir, path.stem, tests)
+        if hidden:
+            source += f" + {HIDDEN_TESTS}/{path.stem}/"
+        secret = (str(solutions_dir),) if Path(solutions_dir).is_dir() else ()
+        labs[path.stem] = Lab(path.stem, with_hidden(tests, hidden), source, secret)
     if not labs:
         raise ValueError(f"labs_dir: no lab notebooks in {labs_dir}")
     return labs

@@ -2,7 +2,7 @@
 
     python tests/_remote_judge.py 00_bf16_rounding     # prints one JSON list of verdicts
 
-The solutions of ``tests/test_checks_labNN.py`` (``STUDENT_SOLUTIONS`` and ``WRONG_SOLUTIONS``) live in a
+The solutions of ``tests/test_checks_labNN.py`` (``STUDENT_SOLUTIONS``, ``WRONG_SOLUTIONS``, ``HIDDEN_CATCHES``) live in a
 second process, served by :func:`kernels.grade_rpc.serve` as a sandbox serves a notebook's names; this
 process runs the question's otter test against :class:`kernels.grade_rpc.Remote` proxies of them, as
 the grader's judge does.  Both run in CPU mode, as the grader does on any machine.
@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SEP = "\x1f"
-TABLES = ("STUDENT_SOLUTIONS", "WRONG_SOLUTIONS")
+TABLES = ("STUDENT_SOLUTIONS", "WRONG_SOLUTIONS", "HIDDEN_CATCHES")
 
 
 def _modules():
@@ -37,7 +37,7 @@ def serve(lab_stem: str, in_fd: int, out_fd: int):
     module = W.load_check_tests(W.check_tests_path(lab))
     solutions = {}
     for table in TABLES:
-        for question, named in getattr(module, table).items():
+        for question, named in getattr(module, table, {}).items():
             for name, value in named.items():
                 solutions[SEP.join((table, question, name))] = value
     sys.stdout = sys.stderr  # what the solutions print must not reach the answers

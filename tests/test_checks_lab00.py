@@ -9,6 +9,7 @@ each through the lab's own otter test); ``DIAGNOSES`` says what each one's messa
 
 import re
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -551,3 +552,41 @@ STUDENT_SOLUTIONS = {
 )
 def test_student_solution_passes(question, name, capsys):
     assert_student_solution_passes(CHECKS, STUDENT_SOLUTIONS, question, name, capsys)
+
+
+# -- wrong solutions the public tests pass and the hidden tests (solutions/hidden_tests/) catch ----------
+
+
+def _public_answers():
+    inputs = lab00.adversarial_fp32()
+    b = torch.from_numpy(inputs.bits.astype(np.int64))
+    return dict(zip(b.tolist(), correct(b).tolist(), strict=True))
+
+
+PUBLIC_ANSWERS = _public_answers()
+
+
+def answers_from_a_table(b):
+    """Right on every input the public check shows (a table of them), truncation elsewhere."""
+    flat = b.reshape(-1).tolist()
+    out = [PUBLIC_ANSWERS.get(v, v >> 16) for v in flat]
+    return torch.tensor(out, dtype=torch.int64).reshape(b.shape)
+
+
+def flattens(b):
+    """Right values, returned as one flat row whatever the input's shape."""
+    return correct(b.reshape(-1))
+
+
+def q2_flat_output(x):
+    """Right kernel, but the launcher allocates a flat output, the only shape the public check passes."""
+    y = torch.empty(x.numel(), dtype=torch.bfloat16, device=x.device)
+    n = x.numel()
+    _variant_kernel[(triton.cdiv(n, 1024),)](x.contiguous(), y, n, MODE="rne", BLOCK=1024)
+    return y
+
+
+HIDDEN_CATCHES = {
+    "q1": {"answers from a table of the public inputs": answers_from_a_table, "flattens its result": flattens},
+    "q2": {"flat output whatever the input's shape": q2_flat_output},
+}

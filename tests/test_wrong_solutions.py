@@ -34,13 +34,22 @@ import nbformat
 import pytest
 from otter.test_files.exception_test import ExceptionTestFile
 
+from kernels import grade
+
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
 
 
-def lab_questions(lab: Path) -> dict:
-    """{question: otter test source} from a generated lab's metadata."""
+def public_questions(lab: Path) -> dict:
+    """{question: otter test source} from a generated lab's metadata: the public tests only."""
     return dict(nbformat.read(lab, as_version=4).metadata["otter"]["tests"])
+
+
+@functools.cache
+def lab_questions(lab: Path) -> dict:
+    """{question: otter test source}, public and hidden (``solutions/hidden_tests/``), as the grader has them."""
+    public = public_questions(lab)
+    return grade.with_hidden(public, grade.hidden_tests(ROOT / "solutions", lab.stem, public))
 
 
 def check_tests_path(lab: Path) -> Path:
@@ -278,6 +287,56 @@ def test_each_student_solution_gets_full_marks(lab, question, name):
     )
 
 
+# -- hidden tests: every question has one, and each checks something its public test does not --------------
+
+
+def _hidden_count(source: str, question: str) -> int:
+    return sum(c.hidden for c in ExceptionTestFile.from_string(source, path=question).test_cases)
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.stem)
+def test_every_question_has_a_hidden_test(lab):
+    merged = lab_questions(lab)
+    assert set(merged) == set(public_questions(lab))
+    bare = [q for q, source in merged.items() if _hidden_count(source, q) < 1]
+    assert not bare, f"{lab.stem}: {bare} have no hidden test in solutions/{grade.HIDDEN_TESTS}/{lab.stem}/"
+    assert all(_hidden_count(source, q) == 0 for q, source in public_questions(lab).items()), "a lab shows a hidden test"
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.stem)
+def test_every_hidden_test_has_a_catch(lab):
+    """``HIDDEN_CATCHES`` (in ``tests/test_checks_labNN.py``, shaped like ``WRONG_SOLUTIONS``) holds, for every
+    question, wrong solutions that its public test passes and its hidden test does not."""
+    catches = getattr(load_check_tests(check_tests_path(lab)), "HIDDEN_CATCHES", None)
+    assert isinstance(catches, dict), f"{check_tests_path(lab).name} defines no HIDDEN_CATCHES dict"
+    missing = [q for q in public_questions(lab) if not catches.get(q)]
+    assert not missing, f"HIDDEN_CATCHES of {lab.stem} has nothing for {missing}"
+    assert set(catches) <= set(public_questions(lab)), f"HIDDEN_CATCHES names {set(catches) - set(public_questions(lab))}"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("lab, question, name", _cases("HIDDEN_CATCHES"))
+def test_each_hidden_catch_passes_the_public_test_and_fails_a_hidden_one(lab, question, name):
+    wrong = load_check_tests(check_tests_path(lab)).HIDDEN_CATCHES[question][name]
+    public = ExceptionTestFile.from_string(public_questions(lab)[question], path=question)
+    env = _otter_env(public, wrong)
+    assert env is not None, f"HIDDEN_CATCHES[{question!r}][{name!r}] must be a whole answer"
+    with contextlib.redirect_stdout(io.StringIO()):
+        public.run(env)
+    failed = [r.message for r in public.test_case_results if not r.passed]
+    assert public.score == public.possible and not failed, (
+        f"{lab.stem} {question}: {name!r} does not pass the public test, so it shows nothing about the hidden "
+        "one:\n" + "\n".join(failed)
+    )
+    merged = ExceptionTestFile.from_string(lab_questions(lab)[question], path=question)
+    with contextlib.redirect_stdout(io.StringIO()):
+        merged.run(env)
+    failed = [r for r in merged.test_case_results if not r.passed]
+    assert merged.score < merged.possible and failed, f"{lab.stem} {question}: {name!r} passed the hidden test too"
+    assert all(r.test_case.hidden for r in failed)
+    assert not any("ExerciseNotDone" in r.message for r in failed), f"{name!r} is read as 'not done yet'"
+
+
 # -- the same verdicts through the batch grader's judge ---------------------------------------------------
 
 
@@ -299,8 +358,8 @@ def test_the_graders_judge_gives_every_solution_the_same_verdict(lab):
     verdicts = json.loads(done.stdout)
     module = load_check_tests(check_tests_path(lab))
     judged = {(v["table"], v["question"], v["name"]) for v in verdicts}
-    for table in ("STUDENT_SOLUTIONS", "WRONG_SOLUTIONS"):
-        for question, named in getattr(module, table).items():
+    for table in ("STUDENT_SOLUTIONS", "WRONG_SOLUTIONS", "HIDDEN_CATCHES"):
+        for question, named in getattr(module, table, {}).items():
             test_file = ExceptionTestFile.from_string(lab_questions(lab)[question], path=question)
             for name, value in named.items():
                 if _otter_env(test_file, value) is not None:

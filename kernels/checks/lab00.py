@@ -267,11 +267,13 @@ def _report(question: str, what: str, inputs: InputSet, got: np.ndarray, want: n
     raise AssertionError("\n".join(lines))
 
 
-def check_round_bf16_bits(fn) -> None:
-    """q1: ``fn(bits)`` rounds fp32 patterns (int64 tensor) to bf16 patterns like the hardware cast."""
+def check_round_bf16_bits(fn, inputs: InputSet | None = None, shape: tuple | None = None) -> None:
+    """q1: ``fn(bits)`` rounds fp32 patterns (int64 tensor) to bf16 patterns like the hardware cast.
+
+    ``inputs`` (default :func:`adversarial_fp32`) are passed as one tensor of ``shape`` (default 1-D)."""
     question, name = "q1", "round_bf16_bits"
-    inputs = adversarial_fp32()
-    arg = torch.from_numpy(inputs.bits.astype(np.int64))
+    inputs = inputs if inputs is not None else adversarial_fp32()
+    arg = torch.from_numpy(inputs.bits.astype(np.int64)).reshape(shape if shape is not None else -1)
     keep = arg.clone()
     out = call_student(fn, arg, name=name, question=question)
     if not torch.equal(arg, keep):
@@ -293,19 +295,21 @@ def check_round_bf16_bits(fn) -> None:
             f"{question}: wrong dtype: {name} returned {out.dtype}, want an integer "
             f"tensor (torch.int64 like its input) holding bit patterns"
         )
-    got = out.detach().cpu().to(torch.int64).numpy()
+    got = out.detach().cpu().to(torch.int64).numpy().reshape(-1)
     if out.dtype in (torch.int16, torch.uint16):
         got = got & 0xFFFF  # a 16-bit result is the pattern itself, negative or not
     want = _want_bits(inputs)
     _report(question, name, inputs, got, want)
 
 
-def check_round_bf16(fn) -> None:
-    """q2: ``fn(x)`` (fp32 tensor -> bf16 tensor, like ``fp32_to_bf16_rne``) matches the hardware cast."""
+def check_round_bf16(fn, inputs: InputSet | None = None, shape: tuple | None = None) -> None:
+    """q2: ``fn(x)`` (fp32 tensor -> bf16 tensor, like ``fp32_to_bf16_rne``) matches the hardware cast.
+
+    ``inputs`` (default :func:`adversarial_fp32`) are passed as one tensor of ``shape`` (default 1-D)."""
     question, name = "q2", "fp32_to_bf16 (your kernel's launcher)"
-    inputs = adversarial_fp32()
+    inputs = inputs if inputs is not None else adversarial_fp32()
     device = "cpu" if kernels.INTERPRETER else "cuda"
-    x = inputs.fp32(device)
+    x = inputs.fp32(device).reshape(shape if shape is not None else -1)
     keep = bits(x).copy()
     out = call_student(fn, x, name=name, question=question)
     if not isinstance(out, torch.Tensor):
@@ -317,7 +321,7 @@ def check_round_bf16(fn) -> None:
         )
     if not np.array_equal(bits(x), keep):
         raise AssertionError(f"{question}: the kernel wrote into its input x; store into y_ptr only")
-    _report(question, "your kernel", inputs, bits(out).astype(np.int64), _want_bits(inputs))
+    _report(question, "your kernel", inputs, bits(out).astype(np.int64).reshape(-1), _want_bits(inputs))
 
 
 def check_same_as_package(fn) -> None:
