@@ -15,9 +15,10 @@ Each argument is a notebook or a folder searched for notebooks (``*.ipynb``).  F
   cells identical across students and graded names that are the package's own functions are flagged
   for review (``duplicate``, ``identical-answer``, ``package-code``) without changing the status;
 * the notebook runs in a **sandbox** (below), cell by cell, each cell under a CPU-time limit;
-* then a **judge**, a second process that never runs student code, runs the lab's otter tests (public
-  and hidden, from the otter autograder version of ``solutions/NN_name.ipynb``; they never enter the
-  sandbox) against proxies of the graded names: each call's inputs go to the sandbox, which runs the
+* then a **judge**, a second process that never runs student code, runs the lab's otter tests (the
+  public ones the lab carries, and the hidden ones of ``solutions/hidden_tests/NN_name/`` and of any
+  hidden test cells of ``solutions/NN_name.ipynb``; they never enter the sandbox) against proxies of
+  the graded names: each call's inputs go to the sandbox, which runs the
   student's function on them and returns plain data (:mod:`kernels.grade_rpc`).  The tests call the
   ``kernels.checks`` functions that the students' own check cells call, so the diagnoses are the same.
 

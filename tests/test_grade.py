@@ -265,6 +265,52 @@ def test_the_real_labs_carry_their_tests():
     assert all(lab.source.startswith((f"labs/{name}.ipynb", f"solutions/{name}.ipynb")) for name, lab in labs.items())
 
 
+def test_the_real_labs_carry_hidden_tests():
+    lab = grade.load_labs()["00_bf16_rounding"]
+    assert lab.source == "labs/00_bf16_rounding.ipynb + hidden_tests/00_bf16_rounding/"
+    assert [row[:4] for row in lab.summary()] == [("q1", 2.0, 1, 1), ("q2", 3.0, 1, 1)]
+    assert str(ROOT / "solutions") in lab.secret
+
+
+HIDDEN_FILE = """from otter.test_files import test_case
+
+name = "q1"
+
+
+@test_case(name="q1 hidden: twice", hidden=True)
+def test_twice(round_bf16_bits):
+    assert round_bf16_bits is not None
+"""
+
+
+@pytest.mark.parametrize(
+    "file, text, error",
+    [
+        ("q1.py", HIDDEN_FILE, None),
+        ("q9.py", HIDDEN_FILE.replace('"q1"', '"q9"'), "00_bf16_rounding has no question 'q9'"),
+        ("q2.py", HIDDEN_FILE, "q2.py must set name = 'q2', got 'q1'"),
+        ("q1.py", HIDDEN_FILE.replace('name = "q1"', 'name = "q1"\npoints = 5'), "must not set points"),
+        ("q1.py", HIDDEN_FILE.replace("hidden=True", "hidden=False"), "is not hidden=True"),
+        ("q1.py", HIDDEN_FILE.replace('name="q1 hidden: twice", ', ""), "give each hidden test a name"),
+        ("q1.py", HIDDEN_FILE.replace("(round_bf16_bits)", "(round_bf16_bits, fp32_to_bf16)"), "takes ['fp32_to_bf16']"),
+        ("q1.py", 'name = "q1"\n', "defines no @test_case"),
+    ],
+)
+def test_a_hidden_test_file_is_checked_before_it_grades(tmp_path, file, text, error):
+    folder = tmp_path / grade.HIDDEN_TESTS / LAB_NAME
+    folder.mkdir(parents=True)
+    (folder / file).write_text(text)
+    public = grade.lab_tests(LAB)
+    if error is None:
+        merged = grade.with_hidden(public, grade.hidden_tests(tmp_path, LAB_NAME, public))
+        assert merged["q2"] == public["q2"] and merged["q1"].startswith(public["q1"].rstrip())
+        labs = grade.load_labs(ROOT / "labs", tmp_path)
+        assert [row[:4] for row in labs[LAB_NAME].summary()] == [("q1", 2.0, 1, 1), ("q2", 3.0, 1, 0)]
+        return
+    with pytest.raises(ValueError, match=re.escape(error)):
+        grade.hidden_tests(tmp_path, LAB_NAME, public)
+
+
 def test_bad_arguments_are_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         grade.main([str(tmp_path / "missing.ipynb")])

@@ -75,6 +75,24 @@ for fd in range(3, 64):
 os._exit(0)
 """,
     "copies_the_reference": "from kernels.bf16 import round_bf16_bits_reference as round_bf16_bits\n",
+    # right on every input the public test shows, truncation elsewhere: the hidden test is for this
+    "fitted_to_the_public_inputs": """
+import torch
+from kernels.bf16 import round_bf16_bits_reference
+from kernels.checks import lab00
+_known = torch.from_numpy(lab00.adversarial_fp32().bits.astype("int64"))
+_table = dict(zip(_known.tolist(), round_bf16_bits_reference(_known).tolist()))
+def round_bf16_bits(bits):
+    out = [_table.get(b, b >> 16) for b in bits.reshape(-1).tolist()]
+    return torch.tensor(out, dtype=torch.int64).reshape(bits.shape)
+""",
+    "reads_the_hidden_tests": f"""
+for q in ("q1", "q2"):
+    try:
+        print(open({str(ROOT / "solutions" / grade.HIDDEN_TESTS / LAB)!r} + f"/{{q}}.py").read())
+    except OSError as e:
+        print("refused:", e)
+""",
     # -- escaping the sandbox ------------------------------------------------------------------------------
     "write_outside": f"""
 import ctypes, sqlite3, sys, os
@@ -187,6 +205,8 @@ EXPECTED = {
     "fake_checks_module": ("0", "0", "ok"),
     "forged_events": ("0", "0", "exited-early"),
     "copies_the_reference": ("2", "0", "ok"),  # right outputs: the points, and a flag for the instructor
+    "fitted_to_the_public_inputs": ("1", "0", "ok"),  # q1's public test passed, its hidden one failed
+    "reads_the_hidden_tests": ("0", "0", "forbidden-read"),
     "write_outside": ("0", "0", None),
     "start_program": ("0", "0", None),
     "signals": ("0", "0", None),
@@ -308,7 +328,7 @@ def _grade_the_attacks(folder: Path) -> dict:
     before = {str(p): _digest(p) for p in subs.rglob("*.ipynb") if not p.is_symlink()}
     out = folder / "grades"
     limits = grade.Limits(**LIMITS, namespaces=SANDBOX)
-    labs = {LAB: grade.Lab(LAB, grade.lab_tests(ROOT / "labs" / f"{LAB}.ipynb"), "labs/")}
+    labs = {LAB: grade.load_labs()[LAB]}  # public and hidden tests, as an instructor grades
     results = grade.grade([subs], out, labs=labs, jobs=2, limits=limits, progress=False)
     by_student = {}
     for r in results:
@@ -385,6 +405,20 @@ def test_the_forged_events_are_named_for_what_they_did(graded):
     row = graded["results"]["forged_events"]
     assert row["status"] == "exited-early"
     assert "ended" in row["notes"][0] or "exited" in row["notes"][0]
+
+
+def test_feedback_names_the_hidden_test_and_never_shows_it(graded):
+    row = graded["results"]["fitted_to_the_public_inputs"]
+    (hidden,) = [c for c in row["questions"]["q1"]["cases"] if c["hidden"]]
+    assert not hidden["passed"] and row["questions"]["q1"]["possible"] == 2
+    text = next((graded["out"] / "feedback" / LAB).glob("fitted_to_the_public_inputs*")).read_text()
+    assert f"* hidden test `{hidden['name']}`: failed" in text
+    source = (ROOT / "solutions" / grade.HIDDEN_TESTS / LAB / "q1.py").read_text()
+    for line in (line.strip() for line in source.splitlines()):
+        if len(line) > 12 and not line.startswith(("from ", "import ", "name =", '"""')):
+            assert line not in text, f"the hidden test's source reached the feedback: {line}"
+    reader = next((graded["out"] / "feedback" / LAB).glob("reads_the_hidden_tests*")).read_text()
+    assert "fresh_fp32" not in reader and "def test_" not in reader
 
 
 def test_the_packages_own_code_as_an_answer_is_flagged(graded):
