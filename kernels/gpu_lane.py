@@ -12,7 +12,8 @@ checked here instead, by two pytest runs: part ``tests`` (``pytest tests``) and 
 book/, solutions/ and labs/, comparing the cells marked ``# NBVAL_CHECK_OUTPUT``); part ``tests`` leaves out
 only the test that reads the record being written.  Their outcomes, read from pytest's junit XML (which
 works under xdist), go to ``tests/gpu_lane.json`` with the device and stack they ran on and the sha256 of
-what they cover: the files under kernels/ and tests/ and the code cells of every notebook.  ``--check``
+what they cover: the files under kernels/ and tests/, the hidden tests under solutions/ and the code cells
+of every notebook.  ``--check``
 and ``tests/test_gpu_lane.py`` compare that hash with the tree, so a record cannot vouch for code it never
 ran.  A part is merged into an existing record only if that record is for the same tree and stack;
 otherwise the other part is dropped and has to be run again.
@@ -42,7 +43,8 @@ SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
 
 def covered(root) -> list:
     """Relative paths (with '/', sorted) of what the record vouches for: every file under kernels/ and
-    tests/ (but the record itself) and every notebook under book/, solutions/ and labs/."""
+    tests/ (but the record itself), every notebook under book/, solutions/ and labs/, and the hidden
+    tests (the ``.py`` files under solutions/), which part ``tests`` runs."""
     root = Path(root)
     found = []
     for top in ("kernels", "tests", "book", "solutions", "labs"):
@@ -52,7 +54,8 @@ def covered(root) -> list:
                 rel = (Path(folder) / name).relative_to(root).as_posix()
                 if name.endswith(".pyc") or rel == RECORD:
                     continue
-                if top in ("kernels", "tests") or name.endswith(".ipynb"):
+                hidden_test = top == "solutions" and name.endswith(".py")
+                if top in ("kernels", "tests") or name.endswith(".ipynb") or hidden_test:
                     found.append(rel)
     return sorted(found)
 
@@ -186,7 +189,10 @@ def run_part(root, name: str, workers: int, extra: list) -> dict:
     # a notebook's cells share one kernel, so notebooks go whole.
     dist = "loadfile" if name == "notebooks" else "worksteal"  # worksteal: a long test does not hold up a queue
     flags = ["-o", "addopts=", "-p", "no:cacheprovider", "--dist", dist, "-n", str(workers)]
-    flags += ["--nbval-lax"] if name == "notebooks" else [f"--deselect={d}" for d in DESELECT]
+    # Many workers starting Jupyter kernels at once on a loaded machine can take longer than nbval's
+    # default minute to answer; a kernel that never starts is still an error, after five.
+    notebooks = ["--nbval-lax", "--nbval-kernel-startup-timeout=300"]
+    flags += notebooks if name == "notebooks" else [f"--deselect={d}" for d in DESELECT]
     shown = ["python", "-m", "pytest", *flags, *extra, *PARTS[name]]
     print(f"gpu lane, part {name}: {' '.join(shown)}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:

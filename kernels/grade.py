@@ -260,8 +260,8 @@ def hidden_tests(solutions_dir: Path, lab: str, public: dict) -> dict:
         if "points" in env:
             raise ValueError(f"{where} must not set points: the question's points come from its public test")
         cases = ExceptionTestFile.from_string(source, path=where).test_cases
-        takes = {a for c in ExceptionTestFile.from_string(public[question], path=question).test_cases
-                 for a in c.body._get_func_params()}
+        public_cases = ExceptionTestFile.from_string(public[question], path=question).test_cases
+        takes = {a for c in public_cases for a in c.body._get_func_params()}
         if not cases:
             raise ValueError(f"{where} defines no @test_case")
         for case in cases:
@@ -271,7 +271,9 @@ def hidden_tests(solutions_dir: Path, lab: str, public: dict) -> dict:
                 raise ValueError(f"{where}: give each hidden test a name (feedback names it), as test_case(name=...)")
             extra = set(case.body._get_func_params()) - takes - {"env"}
             if extra:
-                raise ValueError(f"{where}: test {case.name!r} takes {sorted(extra)}, which {question}'s public test does not")
+                raise ValueError(
+                    f"{where}: test {case.name!r} takes {sorted(extra)}, which {question}'s public test does not"
+                )
         found[question] = source
     return found
 

@@ -63,6 +63,7 @@ def tree(tmp_path):
         "tests/.pytest_cache/v": "x",
         "book/figure.png": "not covered",
         "README.md": "not covered",
+        "solutions/hidden_tests/01/q1.py": "name = 'q1'\n",
     }.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
@@ -79,6 +80,7 @@ def test_what_the_hash_covers(tree):
         "kernels/__init__.py",
         "kernels/fp8.py",
         "labs/01.ipynb",
+        "solutions/hidden_tests/01/q1.py",
         "tests/data/table.bin",
         "tests/test_fp8.py",
     ]
@@ -86,8 +88,12 @@ def test_what_the_hash_covers(tree):
 
 @pytest.mark.parametrize(
     "rel, text",
-    [("kernels/fp8.py", "def quantize(x):\n    return x * 2\n"), ("tests/test_fp8.py", "# a new test\n")],
-    ids=["kernel", "test"],
+    [
+        ("kernels/fp8.py", "def quantize(x):\n    return x * 2\n"),
+        ("tests/test_fp8.py", "# a new test\n"),
+        ("solutions/hidden_tests/01/q1.py", "name = 'q1'\n# a new hidden test\n"),
+    ],
+    ids=["kernel", "test", "hidden test"],
 )
 def test_the_hash_follows_kernels_and_tests(tree, rel, text):
     before = gpu_lane.tree_sha256(tree)

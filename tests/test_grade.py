@@ -292,7 +292,7 @@ def test_twice(round_bf16_bits):
         ("q1.py", HIDDEN_FILE.replace('name = "q1"', 'name = "q1"\npoints = 5'), "must not set points"),
         ("q1.py", HIDDEN_FILE.replace("hidden=True", "hidden=False"), "is not hidden=True"),
         ("q1.py", HIDDEN_FILE.replace('name="q1 hidden: twice", ', ""), "give each hidden test a name"),
-        ("q1.py", HIDDEN_FILE.replace("(round_bf16_bits)", "(round_bf16_bits, fp32_to_bf16)"), "takes ['fp32_to_bf16']"),
+        ("q1.py", HIDDEN_FILE.replace("(round_bf16_bits)", "(round_bf16_bits, x)"), "takes ['x']"),
         ("q1.py", 'name = "q1"\n', "defines no @test_case"),
     ],
 )

@@ -300,7 +300,8 @@ def test_every_question_has_a_hidden_test(lab):
     assert set(merged) == set(public_questions(lab))
     bare = [q for q, source in merged.items() if _hidden_count(source, q) < 1]
     assert not bare, f"{lab.stem}: {bare} have no hidden test in solutions/{grade.HIDDEN_TESTS}/{lab.stem}/"
-    assert all(_hidden_count(source, q) == 0 for q, source in public_questions(lab).items()), "a lab shows a hidden test"
+    shown = [q for q, source in public_questions(lab).items() if _hidden_count(source, q)]
+    assert not shown, f"labs/{lab.name} carries hidden tests of {shown}: students would see them"
 
 
 @pytest.mark.parametrize("lab", LABS, ids=lambda p: p.stem)
@@ -311,7 +312,8 @@ def test_every_hidden_test_has_a_catch(lab):
     assert isinstance(catches, dict), f"{check_tests_path(lab).name} defines no HIDDEN_CATCHES dict"
     missing = [q for q in public_questions(lab) if not catches.get(q)]
     assert not missing, f"HIDDEN_CATCHES of {lab.stem} has nothing for {missing}"
-    assert set(catches) <= set(public_questions(lab)), f"HIDDEN_CATCHES names {set(catches) - set(public_questions(lab))}"
+    unknown = sorted(set(catches) - set(public_questions(lab)))
+    assert not unknown, f"HIDDEN_CATCHES of {lab.stem} names {unknown}, not questions of the lab"
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

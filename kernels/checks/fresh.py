@@ -21,12 +21,9 @@ def fresh_fp32(seed: int, n: int) -> InputSet:
     rng = np.random.default_rng(seed)
     upper = rng.integers(0, 1 << 16, size=n, dtype=np.uint64).astype(np.uint32) << 16
     kind = rng.integers(0, 4, size=n)  # 0, 1: random; 2: tie; 3: a neighbour of a tie
-    low = np.where(
-        kind == 2,
-        0x8000,
-        np.where(kind == 3, rng.choice(np.array([0x7FFF, 0x8001], dtype=np.uint32), size=n),
-                 rng.integers(0, 1 << 16, size=n)),
-    ).astype(np.uint32)
+    random_low = rng.integers(0, 1 << 16, size=n)
+    neighbour = rng.choice(np.array([0x7FFF, 0x8001]), size=n)
+    low = np.where(kind == 2, 0x8000, np.where(kind == 3, neighbour, random_low)).astype(np.uint32)
     labels = np.array(["random", "random", "tie", "neighbour"])[kind]
     counts = {g: int((labels == g).sum()) for g in ("random", "tie", "neighbour") if (labels == g).any()}
     return InputSet(upper | low, labels, counts)
