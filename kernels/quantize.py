@@ -16,8 +16,11 @@ would give different bits in a few places, and Triton's plain ``/`` on fp32 is n
 * MXFP8 (blocks of 32 along the row): ``S = 2^e`` stored as its E8M0 byte ``e + 127`` (uint8).
   ``rounding="floor"`` is the OCP MX v1.0 rule ``e = floor(log2(amax)) - emax_elem`` (emax_elem = 8
   for e4m3, 15 for e5m2); values in the top of the block's binade then saturate to 448.
-  ``rounding="up"`` is the conservative rule ``e = ceil(log2(amax / FP8_MAX))``, which never clips.
-  Both are computed exactly from amax's bits; ``e`` is clamped to [-127, 127].
+  ``rounding="up"`` is the conservative rule ``e = ceil(log2(amax / FP8_MAX))``, which clips only at
+  the top of fp32's range: for ``e`` from 120 up (e4m3; 113 for e5m2) a code of FP8_MAX, or even the
+  binade's top, times ``2^e`` would pass fp32's maximum, so the elements saturate at the largest code
+  whose product with S is finite (240 for ``e = 120``: 240 x 2^120 = 3.19e38).  Both are computed
+  exactly from amax's bits; ``e`` is clamped to [-127, 127].
 
 Policies
 --------
@@ -56,6 +59,10 @@ FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 # The largest exponent of a normal element (OCP MX's emax_elem): 448 = 1.75 * 2^8, 57344 = 1.75 * 2^15.
 EMAX_ELEM = {"e4m3": 8, "e5m2": 15}
 MIN_SCALE = 2.0**-126  # the smallest normal fp32: 1 / S stays finite
+# The largest significand of each FP8 format's binades (1.111b, 1.11b): the largest code below 2^(k+1)
+# is TOP_SIGNIFICAND * 2^k.  Times 2^127: the bound below which q * 2^e stays finite, given 2^-e.
+TOP_SIGNIFICAND = {"e4m3": 1.875, "e5m2": 1.75}
+FINITE_BOUND = {f: t * 2.0**127 for f, t in TOP_SIGNIFICAND.items()}
 NAN_CODE = 0x7F  # the code every non-finite input becomes (NaN in e4m3fn and in e5m2)
 E8M0_BIAS = 127
 GRANULARITIES = ("tensor", "row", "1x128", "128x128", "mxfp8")
@@ -181,6 +188,21 @@ def _encode(xn, inv, FP8_MAX: tl.constexpr, E5M2: tl.constexpr):
 
 
 @triton.jit
+def _mx_bound(inv, FP8_MAX: tl.constexpr, FINITE_BOUND: tl.constexpr):
+    """The largest |code| of a block whose scale is S = 2^e, given 1/S = 2^-e: FP8_MAX, or less where
+    FP8_MAX * S would pass fp32's maximum (only for e >= 120 in e4m3, 113 in e5m2).  The product
+    ``2^-e * 1.875 * 2^127`` is exact, or inf (then FP8_MAX) for e <= 0."""
+    return tl.minimum(inv * FINITE_BOUND, FP8_MAX)
+
+
+@triton.jit
+def _encode_bounded(xn, inv, bound, E5M2: tl.constexpr):
+    """:func:`_encode` with a bound per group (a tensor broadcastable to ``xn``) instead of FP8_MAX."""
+    q = tl.clamp(xn * inv, -bound, bound, propagate_nan=tl.PropagateNan.ALL)
+    return _to_fp8(q, E5M2)
+
+
+@triton.jit
 def _finite_abs(x):
     """|x| with NaN and inf counted as 0: they must not set (or poison) a group's scale."""
     a = tl.abs(x)
@@ -234,10 +256,11 @@ def _e8m0_inv_ref(code: torch.Tensor) -> torch.Tensor:
     return ((254 - code.to(torch.int32)) << 23).view(torch.float32)
 
 
-def _encode_ref(xf: torch.Tensor, inv: torch.Tensor, fmt: str) -> torch.Tensor:
-    """The reference of :func:`_encode`: fp32 x, broadcastable 1/S -> fp8 codes (NaN code 0x7F)."""
-    m = FP8_MAX[fmt]
-    q = (xf * inv).clamp(-m, m).to(FP8_FORMATS[fmt])
+def _encode_ref(xf: torch.Tensor, inv: torch.Tensor, fmt: str, bound: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference of :func:`_encode`: fp32 x, broadcastable 1/S -> fp8 codes (NaN code 0x7F); with
+    ``bound`` (broadcastable, as :func:`_encode_bounded`), clamped to it instead of FP8_MAX."""
+    m = FP8_MAX[fmt] if bound is None else bound
+    q = torch.clamp(xf * inv, -m, m).to(FP8_FORMATS[fmt])
     codes = q.view(torch.uint8).clone()
     codes[~torch.isfinite(xf)] = NAN_CODE
     return codes.view(FP8_FORMATS[fmt])
@@ -401,6 +424,7 @@ def _row_groups_kernel(
     E5M2: tl.constexpr,
     MX: tl.constexpr,  # E8M0 power-of-two scales instead of fp32 ones
     EMAX: tl.constexpr,
+    FINITE_BOUND: tl.constexpr,  # MX: see _mx_bound
     ROUND_UP: tl.constexpr,
     EVEN: tl.constexpr,  # every program's tile lies inside the matrix: no masks
     I64: tl.constexpr,  # offsets past 2^31 elements: int64 arithmetic
@@ -426,7 +450,8 @@ def _row_groups_kernel(
     amax = _amax(xn, 2)  # (BM, NG)
     if MX:
         s, inv = _e8m0_scale(amax, EMAX, ROUND_UP)
-        c = _encode(xn, inv[:, :, None], FP8_MAX, E5M2)  # the floor rule can leave values above FP8_MAX
+        bound = _mx_bound(inv, FP8_MAX, FINITE_BOUND)  # the floor rule can leave values above it
+        c = _encode_bounded(xn, inv[:, :, None], bound[:, :, None], E5M2)
     else:
         s, inv = _fp32_scale(amax, FP8_MAX)
         c = _encode_own_scale(xn, inv[:, :, None], E5M2)
@@ -468,7 +493,7 @@ def _launch_row_groups(x2, q, s, group, per_program, warps, fmt, mx=False, round
     grid = (triton.cdiv(m, bm), triton.cdiv(n_groups, ng))
     _row_groups_kernel[grid](
         x2, q.view(torch.uint8), s, m, k, n_groups, G=group, BM=bm, NG=ng, FP8_MAX=FP8_MAX[fmt],
-        E5M2=fmt == "e5m2", MX=mx, EMAX=EMAX_ELEM[fmt], ROUND_UP=round_up, EVEN=even,
+        E5M2=fmt == "e5m2", MX=mx, EMAX=EMAX_ELEM[fmt], FINITE_BOUND=FINITE_BOUND[fmt], ROUND_UP=round_up, EVEN=even,
         I64=x2.numel() >= INT32_LIMIT, num_warps=warps,
     )  # fmt: skip
 
@@ -538,7 +563,8 @@ def quantize_mxfp8(x: torch.Tensor, fmt: str = "e4m3", rounding: str = "floor") 
     """MXFP8: blocks of 32 consecutive elements of a row share S = 2^e, stored as E8M0 bytes (uint8).
 
     ``rounding="floor"``: OCP's ``e = floor(log2(amax)) - emax_elem`` (elements above FP8_MAX * S
-    saturate); ``"up"``: ``e = ceil(log2(amax / FP8_MAX))`` (nothing saturates).  ``x`` of shape
+    saturate); ``"up"``: ``e = ceil(log2(amax / FP8_MAX))`` (nothing saturates, but in blocks whose
+    amax is above 1.75 x 2^127, where the codes stop before ``q * S`` would overflow: module docstring).  ``x`` of shape
     ``(..., K)``; scales of shape ``(..., cdiv(K, 32))``, row-major (the layout ``tl.dot_scaled``
     reads).  Returns ``(q, scale_e8m0)``."""
     fmt = _check_fmt(fmt)
@@ -560,7 +586,9 @@ def quantize_mxfp8_reference(x: torch.Tensor, fmt: str = "e4m3", rounding: str =
     xf = _rows(x).float()
     m, k = xf.shape
     code = e8m0_from_amax(_group_amax_ref(xf, 1, MX_BLOCK), fmt, rounding)
-    q = _encode_ref(xf, _expand(_e8m0_inv_ref(code), 1, MX_BLOCK, m, k), fmt)
+    inv = _e8m0_inv_ref(code)
+    bound = torch.clamp(inv * FINITE_BOUND[fmt], max=FP8_MAX[fmt])
+    q = _encode_ref(xf, _expand(inv, 1, MX_BLOCK, m, k), fmt, _expand(bound, 1, MX_BLOCK, m, k))
     return Quantized(q.reshape(x.shape), code.reshape(*x.shape[:-1], code.shape[-1]))
 
 

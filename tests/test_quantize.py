@@ -142,6 +142,23 @@ def test_scales_are_reconstruction_scales():
     assert ((Q.dequantize(q, s, "mxfp8") - x).abs() <= torch.maximum(x.abs() * 2.0**-4, s_elem * 2.0**-10)).all()
 
 
+@pytest.mark.parametrize("fmt, e, top", [("e4m3", 120, 240.0), ("e5m2", 113, 28672.0)])
+def test_mxfp8_rounding_up_keeps_the_top_of_fp32_finite(fmt, e, top):
+    """Near fp32's maximum, rounding up gives S = 2^120 (e4m3): 256 x S would be inf, so the codes stop
+    at the largest whose product with S is finite; the floor rule's S = 2^119 never gets there."""
+    flt_max = torch.finfo(torch.float32).max
+    x = torch.tensor([3.3e38, flt_max, 3.2e38, -3.39e38] * 8, device=DEVICE).reshape(1, 32)
+    for rounding in ("floor", "up"):
+        q, s = Q.quantize_mxfp8(x, fmt, rounding=rounding)
+        qr, sr = Q.quantize_mxfp8_reference(x, fmt, rounding=rounding)
+        assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8)) and torch.equal(s, sr)
+        y = Q.dequantize(q, s, "mxfp8")
+        assert torch.isfinite(y).all(), (rounding, y)
+        assert ((y.abs() <= x.abs()) & (y.abs() >= 0.87 * x.abs())).all(), (rounding, y)
+    assert int(s[0, 0]) - 127 == e and float(q.float().abs().max()) == top
+    assert float(q[0, 2]) == top  # 3.2e38 / 2^120 = 240.7 rounds to 240 even before the bound
+
+
 def test_delayed_scaling_lags_and_state_round_trips():
     ds = Q.DelayedScaling(history_len=4, device=DEVICE)
     assert ds.scale().item() == 1.0  # empty history: S = 1
