@@ -38,7 +38,9 @@ Policies
 --------
 * An all-zero block gets ``S = 1`` (E8M0 byte 127) in MXFP4 and block scale 0 in NVFP4 (E4M3 has a
   zero); its codes are 0.  An all-zero tensor gets ``tensor_scale = 1``.  The tensor scale is floored at
-  2^-126 so that ``1 / S`` stays finite.
+  2^-126 so that ``1 / tensor_scale`` stays finite; where ``S = block_scale * tensor_scale`` is still
+  an fp32 subnormal (a tensor of amax below 7e-38), the elements are multiplied by ``1 / tensor_scale``
+  before ``1 / block_scale``, so that no reciprocal overflows.
 * E2M1 has no NaN: a block holding NaN or +-inf gets the NaN *scale* (E8M0 0xFF, E4M3 0x7F) and codes 0,
   so it dequantizes to NaN as a whole instead of silently turning into numbers.  Non-finite values do not
   take part in any amax.
@@ -366,8 +368,16 @@ def _quantize_tile(
     if NV:
         sb8 = tl.minimum(tl.math.div_rn(amax, 6.0 * ts), 448.0).to(tl.float8e4nv)
         code_s = tl.where(bad, 0x7F, sb8.to(tl.uint8, bitcast=True).to(tl.int32))
-        denom = sb8.to(tl.float32) * ts
-        inv = tl.minimum(tl.math.div_rn(1.0, tl.where(denom > 0.0, denom, 1.0)), 3.4028234663852886e38)
+        sbf = sb8.to(tl.float32)
+        denom = sbf * ts
+        # S = block scale x tensor scale is an fp32 subnormal when the tensor scale sits at its floor
+        # and the block scale is below 1: 1 / S would overflow, so the elements take 1 / ts first.
+        # (For ts = 2^-126 that is exact, and x * (2^126 * rn(1 / sb)) would give the same bits.)
+        tiny = (denom > 0.0) & (denom < 1.1754943508222875e-38)
+        pre = tl.where(tiny, tl.math.div_rn(1.0, ts), 1.0)[:, :, None]
+        lo = lo * pre
+        hi = hi * pre
+        inv = tl.math.div_rn(1.0, tl.where(tiny, sbf, tl.where(denom > 0.0, denom, 1.0)))
         inv = tl.where(denom > 0.0, inv, 0.0)  # a zero block scale: codes 0
     else:
         c8, inv = _e8m0_scale(amax, 2, False)
@@ -571,7 +581,11 @@ def quantize_fp4_reference(
         sb8 = (amax / (6.0 * ts)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
         s_codes = torch.where(bad, torch.full_like(sb8.view(torch.uint8), E4M3_NAN), sb8.view(torch.uint8))
         denom = sb8.float() * ts
-        inv = torch.where(denom > 0, (1.0 / denom).clamp(max=FP32_MAX), torch.zeros_like(denom))
+        tiny = (denom > 0) & (denom < MIN_TENSOR_SCALE)  # S subnormal: 1 / S would overflow
+        ones = torch.ones_like(denom)
+        xg = xg * torch.where(tiny, 1.0 / ts, ones)[..., None]
+        inv = 1.0 / torch.where(tiny, sb8.float(), torch.where(denom > 0, denom, ones))
+        inv = torch.where(denom > 0, inv, torch.zeros_like(inv))
     else:
         c8 = e8m0_from_amax(amax, E2M1_EMAX)
         s_codes = torch.where(bad, torch.full_like(c8, E8M0_NAN), c8)

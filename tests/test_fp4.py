@@ -513,3 +513,21 @@ def test_hadamard_errors():
         F.hadamard_rotate(torch.zeros(2, 40, device=DEVICE), 32)
     with pytest.raises(ValueError, match="only \\+1 and -1"):
         F.hadamard_rotate(torch.zeros(2, 32, device=DEVICE), 32, torch.full((32,), 0.5))
+
+
+@pytest.mark.parametrize("low, high, bound", [(7e-41, 1.2e-39, 1 / 3), (1.2e-39, 1e-30, 1 / 16)])
+def test_nvfp4_of_a_tiny_tensor_comes_back(low, high, bound):
+    """Below amax 3.2e-35 the tensor scale sits at its floor 2^-126, and below 7e-38 the product S of
+    block and tensor scale is an fp32 subnormal, whose reciprocal overflows: the elements must still
+    come back, within E4M3's rounding of the block scale (1/16 for a normal one, less precise for
+    E4M3's subnormals below 1.2e-39); below 6.9e-41 the block scale itself rounds to zero."""
+    values = np.geomspace(low, high, 48)
+    x = torch.tensor(values, dtype=torch.float32, device=DEVICE)[:, None].repeat(1, 16)
+    x[::2] *= -1
+    for row in x:  # one tensor per value: each its own tensor scale
+        t = F.quantize_nvfp4(row[None])
+        r = F.quantize_fp4_reference(row[None], "nvfp4")
+        assert torch.equal(t.q, r.q) and torch.equal(t.s.view(torch.uint8), r.s.view(torch.uint8))
+        y = F.dequantize_fp4(t)
+        rel = ((y - row) / row).abs().max().item()
+        assert rel <= bound, (row[0].item(), y[0, 0].item())
