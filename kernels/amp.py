@@ -285,6 +285,9 @@ class DynamicLossScaler:
         scaler.update()
 
     Sparse gradients (``nn.Embedding(sparse=True)``) are unscaled through their values, as torch does.
+    An optimizer that unscales inside its own step (``torch.optim.Adam(fused=True)``: one with
+    ``_step_supports_amp_scaling``) is handed ``grad_scale`` and ``found_inf`` instead, as GradScaler
+    hands them, so it divides by ``S`` exactly as it would under GradScaler.
     Misuse raises ``RuntimeError`` with the step that is missing (``unscale_()`` before ``scale()``,
     say), where GradScaler uses ``assert`` for some of these (an ``AssertionError``, gone under
     ``python -O``); the decisions, the scale and the ``state_dict`` are GradScaler's.
@@ -352,12 +355,18 @@ class DynamicLossScaler:
         if state["stage"] is _Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step() (call update() at the end of every iteration).")
         inv_scale = self._scale.double().reciprocal().float()  # reciprocal in fp64, as torch
+        state["found_inf"] = self._unscale_grads(optimizer, inv_scale)
+        state["stage"] = _Stage.UNSCALED
+
+    def _unscale_grads(self, optimizer, inv_scale: torch.Tensor, allow_fp16: bool = False) -> dict:
+        """Multiply every gradient of ``optimizer`` by ``inv_scale``; {device: found_inf}.  fp16
+        gradients only where nothing is divided (``allow_fp16``: the fused optimizer's inf check)."""
         per_device = {}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.grad.dtype == torch.float16:
+                if p.grad.dtype == torch.float16 and not allow_fp16:
                     raise ValueError(
                         "Attempting to unscale FP16 gradients: the parameters are fp16, so there are no "
                         "fp32 master weights to apply the update to (keep the parameters in fp32)."
@@ -371,8 +380,7 @@ class DynamicLossScaler:
             for dev, grads in per_device.items():
                 found[dev] = torch.zeros((), dtype=torch.float32, device=dev)
                 foreach_non_finite_check_and_unscale_(grads, found[dev], inv_scale.to(dev))
-        state["found_inf"] = found
-        state["stage"] = _Stage.UNSCALED
+        return found
 
     def step(self, optimizer, *args, **kwargs):
         """``unscale_`` if not done yet, then ``optimizer.step()`` unless an inf/NaN was found.
@@ -387,6 +395,8 @@ class DynamicLossScaler:
             raise RuntimeError(
                 "step() has already been called since the last update() (call update() at the end of every iteration)."
             )
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            return self._fused_step(optimizer, state, args, kwargs)
         if state["stage"] is _Stage.READY:
             self.unscale_(optimizer)
         if not state["found_inf"]:
@@ -395,6 +405,31 @@ class DynamicLossScaler:
         # The one host sync of a step, as in torch: whether to call optimizer.step() at all.
         if not sum(v.item() for v in state["found_inf"].values()):
             result = optimizer.step(*args, **kwargs)
+        state["stage"] = _Stage.STEPPED
+        return result
+
+    def _fused_step(self, optimizer, state, args, kwargs):
+        """An optimizer that unscales in its own kernel (``Adam(fused=True)`` and the like): as
+        GradScaler, it gets ``grad_scale`` (S, unless ``unscale_()`` already ran) and ``found_inf`` as
+        attributes and is stepped without a host sync; it divides by S and skips the update itself."""
+        if state["stage"] is _Stage.READY:  # only look for inf/NaN: the optimizer divides by S
+            state["found_inf"] = self._unscale_grads(optimizer, torch.ones_like(self._scale), allow_fp16=True)
+        if not state["found_inf"]:
+            raise RuntimeError("No inf checks were recorded for this optimizer (it has no gradients).")
+        found = [f.to(self._scale.device) for f in state["found_inf"].values()]
+        found_inf = found[0]
+        for f in found[1:]:
+            found_inf = found_inf + f
+        if state["stage"] is _Stage.UNSCALED:
+            optimizer.grad_scale = getattr(optimizer, "grad_scale", None)
+        else:
+            optimizer.grad_scale = self._scale * getattr(optimizer, "grad_scale", 1)
+        optimizer.found_inf = found_inf
+        try:
+            result = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale
+            del optimizer.found_inf
         state["stage"] = _Stage.STEPPED
         return result
 

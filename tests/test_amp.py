@@ -448,3 +448,37 @@ def test_layernorm_module_and_bad_input():
     assert compare(y, ref, atol=1e-6, rtol=2.0**-8).ok
     with pytest.raises(ValueError, match="bias must be"):
         amp.layernorm(x, norm.weight, torch.zeros(31, device=DEVICE))
+
+
+@pytest.mark.parametrize("unscale_first", [False, True], ids=["step only", "unscale_ then step"])
+def test_fused_optimizers_get_the_scale_as_gradscaler_hands_it(unscale_first):
+    """Adam(fused=True) unscales inside its own kernel: GradScaler hands it S (it divides) and found_inf
+    (it skips); the scaler must do the same, or a scale that is not a power of two (1000) gives other
+    bits from the first step.  With unscale_() first, both multiply by fp32(1/S) and hand only found_inf."""
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(8, 4).to(DEVICE) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [torch.optim.Adam(m.parameters(), lr=1e-2, fused=True) for m in models]
+    scalers = (
+        torch.amp.GradScaler(DEVICE, init_scale=1000.0, growth_interval=2),
+        amp.DynamicLossScaler(1000.0, growth_interval=2),
+    )
+    x = torch.randn(16, 8, device=DEVICE)
+    for step, poison in enumerate((None, None, math.inf, None, None, math.nan, None)):
+        grads = []
+        for model, opt, scaler in zip(models, opts, scalers, strict=True):
+            opt.zero_grad()
+            scaler.scale(model(x).pow(2).mean()).backward()
+            if poison is not None:
+                model.weight.grad[0, 0] = poison
+            if unscale_first:
+                scaler.unscale_(opt)
+            scaler.step(opt)
+            grads.append(model.weight.grad.clone())
+            scaler.update()
+            assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+        assert scalers[0].get_scale() == scalers[1].get_scale(), f"step {step}"
+        assert torch.equal(grads[0], grads[1]) or poison is not None, f"step {step}: gradients differ"
+        for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+            assert torch.equal(a, b), f"step {step}: parameters differ"
+        assert opts[0].state_dict()["state"][0]["step"] == opts[1].state_dict()["state"][0]["step"]
