@@ -819,3 +819,163 @@ STUDENT_CASES = [(q, name) for q, rights in STUDENT_SOLUTIONS.items() for name i
 @pytest.mark.parametrize("question, name", STUDENT_CASES, ids=str)
 def test_student_solution_passes(question, name, capsys):
     assert_student_solution_passes(CHECKS, STUDENT_SOLUTIONS, question, name, capsys)
+
+
+# -- wrong solutions the public tests pass and the hidden tests (solutions/hidden_tests/) catch ----------
+
+
+@triton.jit
+def _v1_split_by_rows_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BM)
+    pid_m, pid_n = pid // num_pid_m, pid % num_pid_m  # the two counts' roles mixed up
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        ks = k0 + tl.arange(0, BK)
+        a = tl.load(a_ptr + offs_m[:, None] * K + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        b = tl.load(b_ptr + offs_n[:, None] * K + ks[None, :], mask=(offs_n[:, None] < N) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        acc = tl.dot(a, b.T, acc)
+    acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_v1_split_by_rows(a, b, a_scale, b_scale):
+    """q1 on 64x64 tiles whose program id is split by the number of tile rows instead of tile columns:
+    right whenever the grid of tiles is square, as both public shapes' (one tile each) are."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.zeros((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(m, 64) * triton.cdiv(n, 64),)
+    _v1_split_by_rows_kernel[grid](a, b, c, a_scale, b_scale, m, n, k, BM=64, BN=64, BK=128, num_warps=4)
+    return c
+
+
+@triton.jit
+def old_tutorial_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """The grouped order with pid_m = first + pid % height (an older matmul tutorial's line): in a short
+    last group it is the right order only when the group starts at a multiple of its height."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    first = (pid // num_pid_in_group) * GROUP_M
+    height = tl.minimum(num_pid_m - first, GROUP_M)
+    return first + pid % height, (pid % num_pid_in_group) // height
+
+
+@triton.jit
+def _rowwise_first_tile_scales_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BN)
+    offs_m = (pid // num_pid_n) * BM + tl.arange(0, BM)
+    offs_n = (pid % num_pid_n) * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        ks = k0 + tl.arange(0, BK)
+        a = tl.load(a_ptr + offs_m[:, None] * K + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        b = tl.load(b_ptr + offs_n[:, None] * K + ks[None, :], mask=(offs_n[:, None] < N) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        acc = tl.dot(a, b.T, acc)
+    rows, cols = tl.arange(0, BM), tl.arange(0, BN)  # the tile's offsets left out
+    sa = tl.load(sa_ptr + rows, mask=rows < M, other=0.0)
+    sb = tl.load(sb_ptr + cols, mask=cols < N, other=0.0)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], (acc * (sa[:, None] * sb[None, :])).to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_rowwise_first_tile_scales(a, b, a_scale, b_scale):
+    """q3 on 128x128 tiles, every tile scaled by the first tile's row and column scales (tl.arange(0, BM)
+    where offs_m belongs): right on the public shapes, each one tile."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(m, 128) * triton.cdiv(n, 128),)
+    _rowwise_first_tile_scales_kernel[grid](
+        a, b, c, a_scale.contiguous(), b_scale.contiguous(), m, n, k, BM=128, BN=128, BK=128, num_warps=8
+    )
+    return c
+
+
+@triton.jit
+def _blockwise_first_tile_weight_scales_kernel(
+    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BN)
+    offs_m = (pid // num_pid_n) * BM + tl.arange(0, BM)
+    offs_n = (pid % num_pid_n) * BN + tl.arange(0, BN)
+    cols = tl.arange(0, BN)  # the tile's offset left out of the weight scales' rows
+    n_kb = tl.cdiv(K, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kb in range(n_kb):
+        ks = kb * BK + tl.arange(0, BK)
+        a = tl.load(a_ptr + offs_m[:, None] * K + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        b = tl.load(b_ptr + offs_n[:, None] * K + ks[None, :], mask=(offs_n[:, None] < N) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        sa = tl.load(as_ptr + offs_m * n_kb + kb, mask=offs_m < M, other=0.0)
+        sb = tl.load(bs_ptr + (cols // 128) * n_kb + kb, mask=cols < N, other=0.0)
+        acc += tl.dot(a, b.T) * (sa[:, None] * sb[None, :])
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.bfloat16),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def gemm_blockwise_first_tile_weight_scales(a, b, a_scale, b_scale):
+    """q4 on 64x256 tiles, promoted, whose weight scales are read for the first tile's columns
+    (tl.arange(0, BN) // 128): right while N fits one tile, as the public shapes' N (at most 136) does."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(m, 64) * triton.cdiv(n, 256),)
+    _blockwise_first_tile_weight_scales_kernel[grid](
+        a, b, c, a_scale.contiguous(), b_scale.contiguous(), m, n, k, BM=64, BN=256, BK=128, num_warps=8
+    )
+    return c
+
+
+class _PerTensorLinearFn(torch.autograd.Function):
+    """q5 with one scale per tensor (section 1's Q.quantize_tensor) where the lab asks for one per row:
+    Y, dX and dW as a whole stay within their bounds, the smallest tokens do not."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        qx, qw = Q.quantize_tensor(x, "e4m3"), Q.quantize_tensor(w, "e4m3")
+        return G.fp8_gemm(qx.q, qw.q, qx.s, qw.s)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dy = dy.contiguous()
+        qdy, qwt = Q.quantize_tensor(dy, "e5m2"), Q.quantize_tensor(w.t().contiguous(), "e4m3")
+        qdyt, qxt = Q.quantize_tensor(dy.t().contiguous(), "e5m2"), Q.quantize_tensor(x.t().contiguous(), "e4m3")
+        return G.fp8_gemm(qdy.q, qwt.q, qdy.s, qwt.s), G.fp8_gemm(qdyt.q, qxt.q, qdyt.s, qxt.s)
+
+
+def per_tensor_linear(x, w):
+    return _PerTensorLinearFn.apply(x, w)
+
+
+def swap_two_blocks(model):
+    """The blocks of a depth-2 model, the public check's, converted by index."""
+    for i in (0, 1):
+        model.ups[i] = L.FP8Linear.from_linear(model.ups[i])
+        model.downs[i] = L.FP8Linear.from_linear(model.downs[i])
+    return model
+
+
+HIDDEN_CATCHES = {
+    "q1": {"program id split by the number of tile rows (64x64 tiles)": gemm_v1_split_by_rows},
+    "q2": {"pid_m = first + pid % height (an older tutorial's order)": (old_tutorial_tile, gemm_v2_bt_tile)},
+    "q3": {"the first tile's scales for every tile (128x128 tiles)": gemm_rowwise_first_tile_scales},
+    "q4": {"the first tile's weight scales for every tile (64x256 tiles)": gemm_blockwise_first_tile_weight_scales},
+    "q5": {"one scale per tensor": per_tensor_linear},
+    "q6": {"two blocks converted, by index": swap_two_blocks},
+}

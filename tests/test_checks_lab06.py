@@ -737,3 +737,71 @@ def test_student_quantizers_agree_with_the_package(name):
         ref = fp4.quantize_fp4(x, fmt)
         assert torch.equal(q.cpu(), ref.q.cpu()), fmt
         assert torch.equal(s.view(torch.uint8).cpu(), ref.s.view(torch.uint8).cpu()), fmt
+
+
+# -- wrong solutions the public tests pass and the hidden tests (solutions/hidden_tests/) catch ----------
+
+
+def quantize_whole_tiles_only(x, fmt):
+    """A launch of K // 64 column tiles (floor division, not cdiv): right on the public inputs, whose K is
+    64 or 128; the columns of a last, partial tile keep the zeros their codes and scales were given."""
+    q, s, ts = student_quantize(x, fmt)
+    k = x.shape[1] // 64 * 64
+    q[:, k // 2 :] = 0
+    s.view(torch.uint8)[:, k // fp4.FORMATS[fmt] :] = 0
+    return q, s, ts
+
+
+def dequantize_one_row_tile(q, s, ts, fmt):
+    """One program of 16 rows per column tile (the public inputs have at most 8 rows): rows past 16 stay
+    as allocated, zero."""
+    y = student_dequantize(q, s, ts, fmt)
+    y[16:] = 0.0
+    return y
+
+
+def w4a16_fp16_weights(a, q, s, ts, fmt):
+    """The weights decoded in fp16 (code times block scale), then cast to bf16 for the dot: fp16's range,
+    2^-24 to 65504, holds the public weights' scales but not every E8M0 scale."""
+    c = torch.stack((q.cpu() & 0xF, q.cpu() >> 4), -1).reshape(q.shape[0], -1).to(torch.int64)
+    v = torch.tensor(fp4.E2M1_VALUES)[c & 7]
+    v = torch.where((c & 8) != 0, -v, v).half()
+    bs = fp4.FORMATS[fmt]
+    scale = s.cpu().float() if fmt == "nvfp4" else 2.0 ** (s.cpu().float() - 127)
+    w = (v.reshape(q.shape[0], -1, bs) * scale.half()[..., None]).reshape(q.shape[0], -1).to(torch.bfloat16)
+    out = a.cpu().double() @ w.double().T
+    return (out * ts.cpu().double() if fmt == "nvfp4" else out).to(torch.bfloat16)
+
+
+def w4a16_one_row_tile(a, q, s, ts, fmt):
+    """One tile of 16 activation rows (M assumed at most 16, as at decode; the public M is 5): the rows
+    past it are never computed."""
+    c = torch.zeros(a.shape[0], q.shape[0], dtype=torch.bfloat16)
+    c[:16] = student_w4a16(a[:16], q, s, ts, fmt)
+    return c
+
+
+def hadamard_one_row_tile(x, block, signs):
+    """One program of 16 rows per block (the public x has 8 rows): the rows past 16 stay zero."""
+    y = torch.zeros_like(x.cpu())
+    y[:16] = student_hadamard(x[:16], block, signs)
+    return y
+
+
+def hadamard_signs_of_the_public_check(x, block, signs):
+    """The public check's signs, random_signs(block, seed=block), drawn again instead of the ones passed."""
+    return student_hadamard(x, block, fp4.random_signs(block, seed=block))
+
+
+HIDDEN_CATCHES = {
+    "q1": {"K // 64 column tiles (floor): a partial last tile is left out": quantize_whole_tiles_only},
+    "q2": {"one tile of 16 rows": dequantize_one_row_tile},
+    "q3": {
+        "weights decoded in fp16, whose range E8M0 scales exceed": w4a16_fp16_weights,
+        "one tile of 16 activation rows": w4a16_one_row_tile,
+    },
+    "q4": {
+        "one tile of 16 rows": hadamard_one_row_tile,
+        "the public check's signs instead of the ones passed": hadamard_signs_of_the_public_check,
+    },
+}

@@ -21,6 +21,9 @@ missing, a block scale taken out of the K sum, whole tiles missing) and names th
 CPU mode every ``tl.dot`` is exact, so q4 runs one input under
 :func:`kernels.fp8_gemm.emulate_hopper_fp8_accumulator` to see whether K-blocks are promoted; on a GPU
 the tensor core itself shows it.
+
+The checks take optional keyword arguments (shapes, seeds, grids, model sizes) with which the hidden
+tests run them on operands and at sizes that only those tests state; the defaults are the public ones.
 """
 
 import numpy as np
@@ -152,10 +155,12 @@ def _diagnose(question, name, got, qa, qb, scaling, want=None):
     raise AssertionError(f"{question}: {name} differs from the float64 reference beyond the bound: {msg}")
 
 
-def _check_gemm(fn, question, name, scaling, promoted=False):
+def _check_gemm(fn, question, name, scaling, promoted=False, shapes=None, seed=0):
+    """Run ``fn`` on operands drawn from ``seed + i`` at the i-th of ``shapes`` (the question's public ones
+    unless given) and diagnose each output."""
     worst = 0.0
-    for seed, (m, n, k) in enumerate(CHECK_SHAPES[question]):
-        qa, qb = _operands(m, n, k, scaling, seed)
+    for i, (m, n, k) in enumerate(CHECK_SHAPES[question] if shapes is None else shapes):
+        qa, qb = _operands(m, n, k, scaling, seed + i)
         got = call_student(fn, qa.q, qb.q, qa.s, qb.s, name=name, question=question)
         want = G.fp8_gemm_blockwise_reference(qa.q, qb.q, qa.s, qb.s) if promoted else None
         _diagnose(question, f"{name} on {m}x{n}x{k}", got, qa, qb, scaling, want)
@@ -165,16 +170,18 @@ def _check_gemm(fn, question, name, scaling, promoted=False):
     return worst
 
 
-def check_gemm_v1(fn):
-    """q1: tensorwise FP8 GEMM, version 1."""
-    _check_gemm(fn, "q1", "fp8_gemm_v1", "tensor")
-    print(f"q1 passed: {len(CHECK_SHAPES['q1'])} shapes within the bound of the float64 reference")
+def check_gemm_v1(fn, shapes=None, seed=0):
+    """q1: tensorwise FP8 GEMM, version 1; ``shapes`` [(M, N, K)] and ``seed`` in place of the public ones."""
+    shapes = CHECK_SHAPES["q1"] if shapes is None else shapes
+    _check_gemm(fn, "q1", "fp8_gemm_v1", "tensor", shapes=shapes, seed=seed)
+    print(f"q1 passed: {len(shapes)} shapes within the bound of the float64 reference")
 
 
-def check_gemm_v2(fn):
+def check_gemm_v2(fn, shapes=None, seed=0):
     """q2: the pipelined, grouped kernel: same results as v1 on shapes of many tiles with ragged edges."""
-    _check_gemm(fn, "q2", "fp8_gemm_v2", "tensor")
-    print(f"q2 passed: {len(CHECK_SHAPES['q2'])} shapes of many tiles, every tile within the bound")
+    shapes = CHECK_SHAPES["q2"] if shapes is None else shapes
+    _check_gemm(fn, "q2", "fp8_gemm_v2", "tensor", shapes=shapes, seed=seed)
+    print(f"q2 passed: {len(shapes)} shapes of many tiles, every tile within the bound")
 
 
 @triton.jit
@@ -211,12 +218,13 @@ def grouped_order(num_pid_m: int, num_pid_n: int, group_m: int) -> list:
     return order
 
 
-def check_grouped_order(fn):
+def check_grouped_order(fn, grids=TILE_GRIDS):
     """q2 (order): ``fn(pid, num_pid_m, num_pid_n, GROUP_M)``, a ``@triton.jit`` function, gives every
-    tile exactly once, in grouped order, on grids whose last group is short."""
+    tile exactly once, in grouped order, on ``grids`` [(num_pid_m, num_pid_n, GROUP_M)] of at most 64
+    tiles (by default ones whose last group is short)."""
     if not is_triton_function(fn):  # JITFunction, or InterpretedFunction in CPU mode
         raise AssertionError("q2: grouped_tile must be a @triton.jit function (it is called inside the kernel)")
-    for m, n, gm in TILE_GRIDS:
+    for m, n, gm in grids:
         got = [tuple(p) for p in student_side(_probe_tiles, fn, m, n, gm)]
         want = grouped_order(m, n, gm)
         if got == want:
@@ -241,13 +249,14 @@ def check_grouped_order(fn):
             )
         i = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
         raise AssertionError(f"q2: grouped_tile: program {i} gets tile {got[i]}, want {want[i]} {where}")
-    print(f"q2 passed: grouped order on {len(TILE_GRIDS)} grids, every tile exactly once")
+    print(f"q2 passed: grouped order on {len(grids)} grids, every tile exactly once")
 
 
-def check_gemm_rowwise(fn):
+def check_gemm_rowwise(fn, shapes=None, seed=0):
     """q3: per-row scales of both operands."""
-    _check_gemm(fn, "q3", "fp8_gemm_rowwise", "row")
-    print(f"q3 passed: {len(CHECK_SHAPES['q3'])} shapes, rows of different scales, within the bound")
+    shapes = CHECK_SHAPES["q3"] if shapes is None else shapes
+    _check_gemm(fn, "q3", "fp8_gemm_rowwise", "row", shapes=shapes, seed=seed)
+    print(f"q3 passed: {len(shapes)} shapes, rows of different scales, within the bound")
 
 
 def _big_then_small():
@@ -266,12 +275,8 @@ def _big_then_small():
     return qa, qb
 
 
-def check_gemm_blockwise(fn):
-    """q4: 1x128 x 128x128 block scales, each 128-K partial product promoted to fp32.
-
-    The promotion is looked for first, on an input whose small K-blocks vanish in Hopper's FP8
-    accumulator without it (unit scales, so no scale mistake changes that output); then the contract of
-    q1 on shapes whose block scales differ along K."""
+def _check_promotion(fn):
+    """q4's first part: the big-then-small input keeps its small K-blocks."""
     qa, qb = _big_then_small()
     got = call_student(fn, qa.q, qb.q, qa.s, qb.s, name="fp8_gemm_blockwise", question="q4")
     want = G.fp8_gemm_blockwise_reference(qa.q, qb.q, qa.s, qb.s)
@@ -283,10 +288,21 @@ def check_gemm_blockwise(fn):
             f"{want[0, 0].item():.6g}) once they are added to a large sum inside tl.dot's accumulator, which keeps "
             f"13 bits on Hopper.  Start each K-block's tl.dot from zeros and add it, scaled, into an fp32 sum"
         )
-    _check_gemm(fn, "q4", "fp8_gemm_blockwise", "block", promoted=True)
+
+
+def check_gemm_blockwise(fn, shapes=None, seed=0, promotion=True):
+    """q4: 1x128 x 128x128 block scales, each 128-K partial product promoted to fp32.
+
+    The promotion is looked for first, on an input whose small K-blocks vanish in Hopper's FP8
+    accumulator without it (unit scales, so no scale mistake changes that output); then the contract of
+    q1 on shapes whose block scales differ along K.  ``promotion=False`` leaves out the first part."""
+    shapes = CHECK_SHAPES["q4"] if shapes is None else shapes
+    if promotion:
+        _check_promotion(fn)
+    _check_gemm(fn, "q4", "fp8_gemm_blockwise", "block", promoted=True, shapes=shapes, seed=seed)
     print(
-        f"q4 passed: {len(CHECK_SHAPES['q4'])} shapes bit-close to the promoted reference; small K-blocks kept "
-        "next to a large one"
+        f"q4 passed: {len(shapes)} shapes bit-close to the promoted reference"
+        + ("; small K-blocks kept next to a large one" if promotion else "")
     )
 
 
@@ -297,10 +313,11 @@ GRAD_SIZE = 1e-6  # gradients of this size: far below e4m3's smallest subnormal 
 MIN_FP8_ERROR = 0.005  # a product through e4m3 differs from bf16 by ~0.04; below this it was not quantized
 
 
-def _linear_data():
-    t, i, o = LINEAR_SHAPE
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(t, i, generator=g) * torch.logspace(-2, 2, t)[:, None]  # tokens of very different size
+def _linear_data(shape=LINEAR_SHAPE, seed=5, decades=2.0):
+    """(x, w, dy) in bf16 from ``seed``: tokens of sizes 10^-decades .. 10^decades, gradients of GRAD_SIZE."""
+    t, i, o = shape
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, i, generator=g) * torch.logspace(-decades, decades, t)[:, None]  # tokens of very different size
     w = torch.randn(o, i, generator=g) * i**-0.5
     dy = torch.randn(t, o, generator=g) * GRAD_SIZE
     dev = _device()
@@ -326,9 +343,11 @@ def _linear_forward_backward(fn, x, w, dy):
     return y.detach(), xs.grad, ws.grad
 
 
-def check_fp8_linear(fn):
-    """q5: ``fn(x, w)`` -> ``x @ w.T`` through FP8, with gradients for both."""
-    x, w, dy = _linear_data()
+def check_fp8_linear(fn, shape=LINEAR_SHAPE, seed=5, decades=2.0, every_token=False):
+    """q5: ``fn(x, w)`` -> ``x @ w.T`` through FP8, with gradients for both.  ``shape`` (tokens, in, out),
+    ``seed`` and ``decades`` (of token sizes, each way) draw other data; ``every_token`` also holds each
+    token's row of Y, not only the whole Y, to Y's bound (which per-row scales keep)."""
+    x, w, dy = _linear_data(shape, seed, decades)
     y, dx, dw = student_side(_linear_forward_backward, fn, x, w, dy)
     xb, wb = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
     yb = xb @ wb.T
@@ -348,6 +367,16 @@ def check_fp8_linear(fn):
             f"q5: Y equals the bf16 product to {errs['y']:.1e}: the forward GEMM did not go through FP8 "
             f"(quantize x and w to e4m3 and call the FP8 GEMM)"
         )
+    if every_token:
+        want = yb.detach().double().cpu()
+        rows = (y.double().cpu() - want).norm(dim=1) / want.norm(dim=1)
+        t = int(rows.argmax())
+        if rows[t] > L.BF16_TOLERANCE["y"]:
+            raise AssertionError(
+                f"q5: token {t}'s row of Y differs from bf16 by {rows[t].item():.3g} (relative), beyond "
+                f"{L.BF16_TOLERANCE['y']}, while Y as a whole is within it ({shown}): the small tokens lost their "
+                f"precision, as with one scale for the whole tensor; quantize x per row (Q.quantize_rowwise)"
+            )
     for name, g in (("dX", dx), ("dW", dw)):
         zeros = (g == 0).double().mean().item()
         if zeros > 0.5:
@@ -372,11 +401,11 @@ def check_fp8_linear(fn):
 # -- q6: which layers become FP8 -------------------------------------------------------------------------
 
 
-def _swap_and_inspect(fn) -> dict:
+def _swap_and_inspect(fn, dim=64, depth=2, seed=0) -> dict:
     """The student's part of q6's check: convert a fresh MarkovLM with ``fn``, then report which class
     each layer has ("FP8Linear", or its class name) and the model's state_dict."""
-    torch.manual_seed(0)
-    model = L.MarkovLM(dim=64, depth=2, device=_device())
+    torch.manual_seed(seed)
+    model = L.MarkovLM(dim=dim, depth=depth, device=_device())
     out = call_student(fn, model, name="fp8_swap", question="q6")
     model = out if isinstance(out, torch.nn.Module) else model
 
@@ -391,10 +420,10 @@ def _swap_and_inspect(fn) -> dict:
     }
 
 
-def check_fp8_swap(fn):
+def check_fp8_swap(fn, dim=64, depth=2, seed=0):
     """q6: ``fn(model)`` converts a MarkovLM's block GEMMs (ups, downs) to FP8Linear, in place, sharing the
-    weights, and leaves ``proj`` and ``head`` as nn.Linear."""
-    seen = student_side(_swap_and_inspect, fn)
+    weights, and leaves ``proj`` and ``head`` as nn.Linear; on a model of ``dim``, ``depth``, from ``seed``."""
+    seen = student_side(_swap_and_inspect, fn, dim, depth, seed)
     blocks = seen["blocks"]
     not_fp8 = [i for i, kind in enumerate(blocks) if kind != "FP8Linear"]
     if len(not_fp8) == len(blocks):
@@ -409,8 +438,8 @@ def check_fp8_swap(fn):
                 else "the input projection (from embeddings) stays wide here, like the embeddings"
             )
             raise AssertionError(f"q6: model.{name} was converted to FP8: {why}")
-    torch.manual_seed(0)
-    before = L.MarkovLM(dim=64, depth=2, device=_device()).state_dict()
+    torch.manual_seed(seed)
+    before = L.MarkovLM(dim=dim, depth=depth, device=_device()).state_dict()
     after = seen["state"]
     changed = [k for k, v in before.items() if k in after and not torch.equal(after[k].to(v.device), v)]
     if changed:

@@ -4,6 +4,8 @@ Each check runs the student's function on fixed, device-independent inputs, comp
 :mod:`kernels.fp4` (bit for bit where the operation is exact), and on failure says which numerical
 mistake the output looks like: nibbles in the wrong order, an E8M0 exponent off by one, the NVFP4
 tensor scale left out, rounding toward zero, ties away from zero, a lost sign, a missing 1/sqrt(B).
+The hidden tests run the same checks on inputs drawn by the ``fresh_*`` functions below, from a seed
+and at sizes that only they state.
 """
 
 import numpy as np
@@ -41,6 +43,29 @@ def quantizer_inputs() -> dict:
     special[3, 40] = 300.0  # an outlier that sets its block's scale
     wide = torch.randn(3, 64, generator=g) * torch.logspace(-6, 6, 64)  # blocks across 12 decades
     return {"random": random, "ties": ties, "zero/negative zero/saturation": special, "wide range": wide}
+
+
+def fresh_quantizer_inputs(seed: int, rows: int = 37, k: int = 96) -> dict:
+    """Named fp32 ``(rows, k)`` matrices drawn from ``seed`` (``k`` a multiple of 32), the groups of
+    :func:`quantizer_inputs` on other values and at another size: rows over six decades; blocks of exact
+    E2M1 values and ties, each under its own power of two (MXFP4 ties, exactly); zero blocks, negative
+    zeros and elements in (6, 8) times their block's power of two (saturated by MXFP4)."""
+    if k % 32 or k < 32 or rows < 1:
+        raise ValueError(f"want rows >= 1 and k a positive multiple of 32, got {rows} x {k}")
+    g = torch.Generator().manual_seed(seed)
+    random = torch.randn(rows, k, generator=g) * 10.0 ** (torch.rand(rows, 1, generator=g) * 6 - 3)
+    points = torch.cat([GRID, (GRID[1:] + GRID[:-1]) / 2]).float()  # the values and their midpoints
+    ties = points[torch.randint(0, len(points), (rows, k), generator=g)]
+    ties = torch.where(torch.rand(rows, k, generator=g) < 0.5, -ties, ties).reshape(rows, k // 32, 32)
+    ties.scatter_(2, torch.randint(0, 32, (rows, k // 32, 1), generator=g), 6.0)  # each block's amax: S = 2^p
+    ties = (ties * 2.0 ** torch.randint(-20, 21, (rows, k // 32, 1), generator=g).float()).reshape(rows, k)
+    special = torch.randn(rows, k, generator=g)
+    blocks = special.view(rows, k // 32, 32)
+    blocks[torch.rand(rows, k // 32, generator=g) < 0.2] = 0.0
+    special[torch.rand(rows, k, generator=g) < 0.1] = -0.0
+    picks = torch.randint(0, k, (rows,), generator=g)
+    special[torch.arange(rows), picks] = 6.0 + 2.0 * torch.rand(rows, generator=g)  # amax in (6, 8): S = 1
+    return {"random rows": random, "ties under powers of two": ties, "zeros and saturation": special}
 
 
 # -- q1: the quantizers ---------------------------------------------------------------------------------------
@@ -174,13 +199,15 @@ def _code_smell(x, q, want) -> str | None:
     return None
 
 
-def check_quantize(fn) -> None:
-    """q1: ``fn(x, fmt)`` -> ``(q, s, tensor_scale)`` for fmt "nvfp4" and "mxfp4", bit for bit."""
+def check_quantize(fn, inputs: dict | None = None) -> None:
+    """q1: ``fn(x, fmt)`` -> ``(q, s, tensor_scale)`` for fmt "nvfp4" and "mxfp4", bit for bit, on
+    ``inputs`` ({label: fp32 matrix}; :func:`quantizer_inputs` unless given)."""
     question, name = "q1", "quantize_fp4"
     dev = _device()
+    inputs = quantizer_inputs() if inputs is None else inputs
     problems, cases = [], 0
     for fmt in fp4.FORMATS:
-        for label, x in quantizer_inputs().items():
+        for label, x in inputs.items():
             out = call_student(fn, x.to(dev), fmt, name=name, question=question)
             got = _as_fp4(out, fmt, question, name)
             want = fp4.quantize_fp4_reference(x, fmt)
@@ -197,13 +224,15 @@ def check_quantize(fn) -> None:
 # -- q2: the dequantizer --------------------------------------------------------------------------------------
 
 
-def check_dequantize(fn) -> None:
-    """q2: ``fn(q, s, tensor_scale, fmt)`` -> fp32 ``(rows, K)``: exact for MXFP4, one rounding for NVFP4."""
+def check_dequantize(fn, inputs: dict | None = None) -> None:
+    """q2: ``fn(q, s, tensor_scale, fmt)`` -> fp32 ``(rows, K)``: exact for MXFP4, one rounding for NVFP4;
+    on ``inputs`` quantized by the reference (:func:`quantizer_inputs` unless given)."""
     question, name = "q2", "dequantize_fp4"
     dev = _device()
+    inputs = quantizer_inputs() if inputs is None else inputs
     problems = []
     for fmt in fp4.FORMATS:
-        for label, x in quantizer_inputs().items():
+        for label, x in inputs.items():
             t = fp4.quantize_fp4_reference(x, fmt)
             ts = t.tensor_scale.to(dev) if t.tensor_scale is not None else None
             out = call_student(fn, t.q.to(dev), t.s.to(dev), ts, fmt, name=name, question=question)
@@ -219,7 +248,7 @@ def check_dequantize(fn) -> None:
                 break
     if problems:
         raise AssertionError(f"{question}: {name} is wrong\n" + "\n".join(f"  - {p}" for p in problems))
-    print(f"{question} passed: MXFP4 exact, NVFP4 within one fp32 rounding, on {len(quantizer_inputs())} inputs each")
+    print(f"{question} passed: MXFP4 exact, NVFP4 within one fp32 rounding, on {len(inputs)} inputs each")
 
 
 def _close(a, b, rel=2.0**-22) -> bool:
@@ -258,11 +287,23 @@ def gemm_inputs() -> dict:
     return {"a": a, "w": w}
 
 
-def check_w4a16(fn) -> None:
-    """q3: ``fn(a, q, s, tensor_scale, fmt)`` -> bf16 ``a @ W^T`` within bf16 GEMM tolerance of float64."""
+def fresh_gemm_inputs(seed: int, m: int, n: int, k: int, decades: float = 0.0) -> dict:
+    """Activations ``a`` (m, k) bf16 and a weight ``w`` (n, k) drawn from ``seed``, like :func:`gemm_inputs`
+    (an outlier column, at a place of the draw's choosing); with ``decades``, the weight's rows span
+    10^-decades .. 10^decades, as the quantizers' "wide range" input does."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=g) * 0.5
+    w[:, int(torch.randint(0, k, (1,), generator=g))] *= 20.0
+    return {"a": a, "w": w * torch.logspace(-decades, decades, n)[:, None]}
+
+
+def check_w4a16(fn, inputs: dict | None = None) -> None:
+    """q3: ``fn(a, q, s, tensor_scale, fmt)`` -> bf16 ``a @ W^T`` within bf16 GEMM tolerance of float64, on
+    ``inputs`` ({"a", "w"}; :func:`gemm_inputs` unless given)."""
     question, name = "q3", "w4a16_matmul"
     dev = _device()
-    inp = gemm_inputs()
+    inp = gemm_inputs() if inputs is None else inputs
     a = inp["a"]
     problems, report = [], []
     for fmt in fp4.FORMATS:
@@ -317,15 +358,26 @@ def check_w4a16(fn) -> None:
 # -- q4: the Hadamard rotation --------------------------------------------------------------------------------
 
 
-def check_hadamard(fn) -> None:
-    """q4: ``fn(x, block, signs)`` -> ``x R`` per block, R = diag(signs) H / sqrt(block), in x's dtype."""
+def fresh_activations(seed: int, rows: int, k: int) -> torch.Tensor:
+    """bf16 ``(rows, k)`` drawn from ``seed``, with three outlier channels (the rotation's use case)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    x[:, torch.randperm(k, generator=g)[:3]] *= 40.0
+    return x.to(torch.bfloat16)
+
+
+def check_hadamard(fn, x: torch.Tensor | None = None, seed: int | None = None) -> None:
+    """q4: ``fn(x, block, signs)`` -> ``x R`` per block, R = diag(signs) H / sqrt(block), in x's dtype.
+    ``x``: a bf16 (rows, K) in place of the fixed one; ``seed``: signs from ``seed + block``, not ``block``."""
     question, name = "q4", "hadamard_rotate"
     dev = _device()
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(8, 256, generator=g).to(torch.bfloat16)
+    if x is None:
+        g = torch.Generator().manual_seed(4)
+        x = torch.randn(8, 256, generator=g).to(torch.bfloat16)
+    rows, k = x.shape
     problems = []
     for block in fp4.HADAMARD_BLOCKS:
-        d = fp4.random_signs(block, seed=block)
+        d = fp4.random_signs(block, seed=block if seed is None else seed + block)
         out = call_student(fn, x.to(dev), block, d.to(dev), name=name, question=question)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x.shape):
             raise AssertionError(f"{question}: {name} must return a tensor of x's shape {tuple(x.shape)}")
@@ -338,14 +390,14 @@ def check_hadamard(fn) -> None:
         if near(want):
             continue
         h = fp4.hadamard_matrix(block, dtype=torch.float64)
-        xb = x.double().reshape(8, -1, block)
+        xb = x.double().reshape(rows, -1, block)
         if near(want * block**0.5):
             problems.append(f"block {block}: not normalized: divide by sqrt({block}) so that R is orthonormal")
         elif near(fp4.hadamard_rotate_reference(x.float(), block).double()):
             problems.append(f"block {block}: the random signs are ignored: multiply x by signs before H")
-        elif near(((xb @ h) * d.double()).reshape(8, -1)):
+        elif near(((xb @ h) * d.double()).reshape(rows, -1)):
             problems.append(f"block {block}: signs applied after H (that is the inverse's order): x * signs, then H")
-        elif near((x.double() @ fp4.hadamard_matrix(256, dtype=torch.float64)).reshape(8, -1)):
+        elif k & (k - 1) == 0 and near(x.double() @ fp4.hadamard_matrix(k, dtype=torch.float64)):
             problems.append(f"block {block}: rotated the whole row at once: each block of {block} on its own")
         else:
             bad = np.flatnonzero(((got - want).abs() > 1e-2 + 1e-2 * want.abs()).numpy().ravel())
@@ -361,6 +413,9 @@ __all__ = [
     "check_quantize",
     "check_w4a16",
     "diagnose_quantizer",
+    "fresh_activations",
+    "fresh_gemm_inputs",
+    "fresh_quantizer_inputs",
     "gemm_inputs",
     "quantizer_inputs",
 ]
