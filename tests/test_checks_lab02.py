@@ -1017,3 +1017,138 @@ def _as_granularities(question, fn):
 def test_student_quantizers_give_the_package_kernels_bits(question, name, capsys):
     lab02.check_same_as_package(_as_granularities(question, STUDENT_SOLUTIONS[question][name]))
     assert capsys.readouterr().out.startswith("same bits as kernels.quantize")
+
+
+# -- wrong solutions the public tests pass and the hidden tests (solutions/hidden_tests/) catch ----------
+
+
+def quantize_tensor_amax_of_one_block(x, s=None):
+    """q1 with the amax pass launched on one program, as the finalize pass is: only the first 2048 elements
+    are reduced, and they hold the public check's outlier (row 5 of 300 columns)."""
+    x = x.contiguous()
+    n = x.numel()
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    grid = (max(triton.cdiv(n, 2048), 1),)
+    amax_bits = torch.zeros(1, dtype=torch.int32, device=x.device)
+    if s is None:
+        s_out = torch.ones((), dtype=torch.float32, device=x.device)
+        _amax_bits_atomic_kernel[(1,)](x, amax_bits, n, BLOCK=2048)
+        _cast_scale_in_program_kernel[grid](x, amax_bits, s_out, q.view(torch.uint8), n, GIVEN=False, BLOCK=2048)
+        return q, s_out
+    _cast_scale_in_program_kernel[grid](x, amax_bits, s.float().contiguous(), q.view(torch.uint8), n, GIVEN=True,
+                                        BLOCK=2048)  # fmt: skip
+    return q, s
+
+
+def quantize_rowwise_block_k_512(x):
+    """q2 with BLOCK_K fixed at 512, room for the public check's rows of 300 and 40: a longer row is cut there,
+    its scale from its first 512 elements and its other codes never written."""
+    k = x.shape[-1]
+    x2 = x.contiguous().reshape(-1, k)
+    m = x2.shape[0]
+    q = torch.zeros(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.zeros((m, 1), dtype=torch.float32, device=x.device)
+    _slash_group_kernel[(m, 1)](x2, q.view(torch.uint8), s, m, k, 1, GM=1, GK=512, SLASH_S=False, SLASH_INV=False)
+    return q, s.reshape(*x.shape[:-1], 1)
+
+
+@triton.jit
+def _groups_of_one_row_tile_kernel(x_ptr, q_ptr, s_ptr, M, K, n_gk, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, 512)  # four groups of 128 per row, as in the package's tile; no grid along K
+    offs = rows[:, None] * K + cols[None, :]
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.abs(x)
+    a = tl.where(a < float("inf"), a, 0.0)
+    amax = tl.max(tl.reshape(a, [ROWS, 4, 128]), axis=2)  # (ROWS, 4)
+    s = tl.where(amax == 0.0, 1.0, tl.maximum(tl.math.div_rn(amax, 448.0), 1.1754943508222875e-38))
+    inv = tl.math.div_rn(1.0, s)
+    y = tl.reshape(tl.reshape(x, [ROWS, 4, 128]) * inv[:, :, None], [ROWS, 512])
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    c = tl.where(tl.abs(x) < float("inf"), y.to(tl.float8e4nv).to(tl.uint8, bitcast=True), 0x7F)
+    tl.store(q_ptr + offs, c.to(tl.uint8), mask=mask)
+    groups = tl.arange(0, 4)
+    tl.store(s_ptr + rows[:, None] * n_gk + groups[None, :], s, mask=(rows[:, None] < M) & (groups[None, :] < n_gk))
+
+
+def quantize_blocks_one_row_tile(x, block=(1, 128)):
+    """q3 with the 1x128 groups of 8 rows per program in one 8 x 512 tile, four groups a row and no grid along K:
+    enough for the public check's K of 300 and 40, not for a longer row; 128x128 blocks one per program."""
+    if block != (1, 128):
+        return triton_groups()(x, block)
+    k = x.shape[-1]
+    x2 = x.contiguous().reshape(-1, k)
+    m = x2.shape[0]
+    n_gk = triton.cdiv(k, 128)
+    q = torch.zeros(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.zeros((m, n_gk), dtype=torch.float32, device=x.device)
+    _groups_of_one_row_tile_kernel[(triton.cdiv(m, 8),)](x2, q.view(torch.uint8), s, m, k, n_gk, ROWS=8)
+    return q, s.reshape(*x.shape[:-1], n_gk)
+
+
+def quantize_mxfp8_sixteen_blocks(x, rounding="floor"):
+    """q4 as whole rows in one (16, 32) tile: 16 blocks of 32, room for the public check's K of 300 and 40; the
+    blocks of a longer row past 512 are never computed."""
+    x = x.contiguous()
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    n_blocks = triton.cdiv(k, 32)
+    q = torch.zeros(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.zeros((*x.shape[:-1], n_blocks), dtype=torch.uint8, device=x.device)
+    _mx_whole_row_kernel[(x2.shape[0],)](x2, q.view(torch.uint8), s, k, n_blocks, NB=16, ROUND_UP=rounding == "up")
+    return q, s
+
+
+class HistoryOfFour(History):
+    """q5 with a window of 4 steps, the public check's history_len, whatever history_len says."""
+
+    def __init__(self, history_len=16, margin=0):
+        super().__init__(4, margin)
+
+
+class MarginAsFactor(History):
+    """q5 with the margin as a factor of 1 + margin, not 2^margin: the same for the public check's margins 0 and 1."""
+
+    def _s(self, amax):
+        amax = amax * (1 + self.margin)
+        return torch.tensor(amax / 448.0 if amax else 1.0, device=DEVICE)
+
+
+def dequantize_by_a_table_of_powers(q, s, granularity):
+    """q6 (a) as :func:`dequantize_by_gather`, its table 2^(c - 127) for all 256 bytes: 255 gives 2^128, inf in
+    fp32, not NaN; no quantizer writes byte 255, so the public check never shows one."""
+    k = q.shape[-1] if q.dim() else 1
+    q2 = q.reshape(-1, k)
+    m = q2.shape[0]
+    gm, gk = _group_shape(granularity, m, k)
+    table = torch.tensor([2.0 ** (c - 127) for c in range(256)], dtype=torch.float64).float().to(q.device)
+    sv = table[s.long()] if granularity == "mxfp8" else s.float()
+    sv = sv.reshape(-(-m // gm), -(-k // gk))
+    rows = torch.arange(m, device=q.device) // gm
+    cols = torch.arange(k, device=q.device) // gk
+    return (q2.float() * sv[rows[:, None], cols[None, :]]).reshape(q.shape)
+
+
+def matmul_first_block_row(aq, a_s, wq, w_s):
+    """q6 (b) one K block at a time, W's scale read as w_s[0, b], as the lab's comparison cell does: right for
+    the public check's 96 columns, one block row, and for no column past 128."""
+    m, k = aq.shape
+    y = torch.zeros(m, wq.shape[0], dtype=torch.float32, device=aq.device)
+    for b in range(triton.cdiv(k, 128)):
+        ks = slice(b * 128, (b + 1) * 128)
+        y += (aq[:, ks].float() @ wq[:, ks].float().T) * a_s[:, b : b + 1] * w_s[0, b]
+    return y
+
+
+HIDDEN_CATCHES = {
+    "q1": {"amax of the first block only": quantize_tensor_amax_of_one_block},
+    "q2": {"BLOCK_K fixed at 512": quantize_rowwise_block_k_512},
+    "q3": {"1x128 groups of one 512-wide tile": quantize_blocks_one_row_tile},
+    "q4": {"16 MX blocks per row": quantize_mxfp8_sixteen_blocks},
+    "q5": {"a window of 4 whatever history_len": HistoryOfFour, "margin as a factor 1 + margin": MarginAsFactor},
+    "q6": {
+        "E8M0 byte 255 as 2^128 (inf), not NaN": (dequantize_by_a_table_of_powers, matmul_by_einsum),
+        "W's first block row of scales for every column": (dequantize_by_gather, matmul_first_block_row),
+    },
+}

@@ -794,3 +794,208 @@ STUDENT_SOLUTIONS = {
 )
 def test_student_solution_passes(question, name, capsys):
     assert_student_solution_passes(CHECKS, STUDENT_SOLUTIONS, question, name, capsys)
+
+
+# -- wrong solutions the public tests pass and the hidden tests (solutions/hidden_tests/) catch ----------
+
+
+@triton.jit
+def _sr_block_offsets_kernel(
+    x_ptr, y_ptr, n, seed, M: tl.constexpr, BIAS: tl.constexpr, MAX_F32: tl.constexpr, NAN_CODE: tl.constexpr,
+    SIGN_SHIFT: tl.constexpr, SATURATE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    u = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.uint32, bitcast=True)
+    r = tl.randint(seed, tl.arange(0, BLOCK)).to(tl.uint32, bitcast=True)  # the lane, not the element
+    sign = u >> 31
+    mag = u & 0x7FFFFFFF
+    nan = mag > 0x7F800000
+    if SATURATE:
+        mag = tl.minimum(mag, MAX_F32)
+    e32 = mag >> 23
+    e = tl.maximum(e32, 1).to(tl.int32) - (127 - BIAS)
+    e1 = tl.maximum(e, 1)
+    sig = tl.where(e32 == 0, mag, (mag & 0x7FFFFF) | 0x800000)
+    v = sig + ((e1 - 1) << 23).to(tl.uint32)
+    d = (23 - M) + (e1 - e)
+    extra = tl.minimum(tl.maximum(d - 31, 0), 31)
+    v = v >> extra.to(tl.uint32)
+    d = tl.minimum(d - extra, 31).to(tl.uint32)
+    noise = r & ((tl.full(r.shape, 1, tl.uint32) << d) - 1)
+    out = tl.where(nan, NAN_CODE, ((v + noise) >> d) | (sign << SIGN_SHIFT))
+    tl.store(y_ptr + offs, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dot_rows_kernel(
+    a_ptr, b_ptr, out_ptr, M, K, ACC: tl.constexpr, COMPENSATED: tl.constexpr, BLOCK_M: tl.constexpr,
+    LANES: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) + tl.arange(0, BLOCK_M)  # the program id as the first row, not times BLOCK_M
+    lanes = tl.arange(0, LANES)
+    s = tl.zeros((BLOCK_M, LANES), dtype=ACC)
+    c = tl.zeros((BLOCK_M, LANES), dtype=ACC)
+    for k0 in range(0, K, LANES):
+        cols = k0 + lanes
+        mask = (rows < M)[:, None] & (cols < K)[None, :]
+        a = tl.load(a_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        p = (a * b).to(ACC)
+        if COMPENSATED:
+            y = p - c
+            t = s + y
+            c = (t - s) - y
+            s = t
+        else:
+            s = s + p
+    total = s.to(tl.float32)
+    if COMPENSATED:
+        total = total - c.to(tl.float32)
+    tl.store(out_ptr + rows, tl.sum(total, axis=1), mask=rows < M)
+
+
+def dot_rows_from_the_program_id(a, b, acc="fp32", compensated=False):
+    """q2 rewritten whole, its rows starting at the program id instead of program id * BLOCK_M: right
+    while every row fits in the first program's block (13 rows in blocks of 16)."""
+    a, b = a.contiguous(), b.contiguous()
+    M, K = a.shape
+    out = torch.zeros(M, dtype=torch.float32, device=a.device)
+    _dot_rows_kernel[(triton.cdiv(M, 16),)](
+        a, b, out, M, K, ACC=ACC_TYPES[acc], COMPENSATED=compensated, BLOCK_M=16, LANES=16, enable_fp_fusion=False
+    )
+    return out
+
+
+@triton.jit
+def _fp8_b_stride_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, scale, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, CHUNK):
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k1 in range(0, CHUNK, BLOCK_K):
+            ks = k0 + k1 + rk
+            a = tl.load(a_ptr + rm[:, None] * K + ks[None, :], mask=rm[:, None] < M, other=0.0)
+            b = tl.load(b_ptr + ks[:, None] * BLOCK_N + rn[None, :], mask=rn[None, :] < N, other=0.0)  # not N apart
+            part = tl.dot(a, b, part)
+        acc = acc + part * scale
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _row_mean_whole_row_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    row = tl.program_id(0)
+    x = tl.load(x_ptr + row * N + tl.arange(0, N))  # the whole row as one block
+    tl.store(out_ptr + row, tl.sum(x.to(tl.float32), axis=0) / N)
+
+
+def row_mean_whole_row(x):
+    """q4 one program per row holding the whole row in one tl.arange(0, N): N = 256 and 32768 are powers
+    of two, so no mask and no loop seemed needed."""
+    M, N = x.shape
+    out = torch.empty(M, dtype=torch.float32, device=x.device)
+    _row_mean_whole_row_kernel[(M,)](x.contiguous(), out, N)
+    return out
+
+
+def softmax_minus_ten_thousand(x):
+    """q5 with the padded lanes loading -10000.0 instead of -inf, as in attention masks of old: below
+    every logit the public check uses, not below every logit."""
+    return hazards.softmax(x, other=-1e4)
+
+
+@triton.jit
+def _quantize_block_amax_kernel(x_ptr, q_ptr, scale_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    amax = tl.max(tl.abs(x), axis=0)  # this program's block, not the tensor
+    amax = tl.where(amax > 0, amax, 1.0)
+    tl.store(q_ptr + offs, (x * (448.0 / amax)).to(tl.float8e4nv), mask=offs < n)
+    if pid == 0:
+        tl.store(scale_ptr, amax / 448.0)
+
+
+def quantize_block_amax(x):
+    """q6 with the amax found in the cast kernel itself, by each program over its own block: the
+    tensor's amax while the tensor is one block (1000 elements), a different scale per block beyond."""
+    x = x.contiguous()
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((), dtype=torch.float32, device=x.device)
+    _quantize_block_amax_kernel[(triton.cdiv(x.numel(), 1024),)](x, q, scale, x.numel(), BLOCK=1024)
+    return q, scale
+
+
+@triton.jit
+def _variance_one_program_kernel(x_ptr, out_ptr, M, N, ROWS: tl.constexpr, LANES: tl.constexpr):
+    rows = tl.arange(0, ROWS)  # one program holds every row
+    lanes = tl.arange(0, LANES)
+    s1 = tl.zeros((ROWS, LANES), dtype=tl.float32)
+    s2 = tl.zeros((ROWS, LANES), dtype=tl.float32)
+    for k in range(0, N, LANES):
+        mask = (rows < M)[:, None] & (k + lanes < N)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * N + k + lanes[None, :], mask=mask, other=0.0).to(tl.float32)
+        s1 += x
+        s2 += x * x
+    mean = tl.sum(s1, axis=1) / N
+    tl.store(out_ptr + rows, tl.sum(s2, axis=1) / N - mean * mean, mask=rows < M)
+
+
+def variance_one_program(x):
+    """q7 promoted to fp32, launched as one program of ROWS = 4 rows: the public check's row count."""
+    M, N = x.shape
+    out = torch.zeros(M, dtype=torch.float32, device=x.device)
+    _variance_one_program_kernel[(1,)](x.contiguous(), out, M, N, ROWS=4, LANES=256)
+    return out
+
+
+def _public_variances():
+    table = {}
+    for n in (1000, 32768):
+        x = lab03.variance_inputs(n)
+        table[x.numpy().tobytes()] = x.double().var(dim=1, unbiased=False).float()
+    return table
+
+
+PUBLIC_VARIANCES = _public_variances()
+
+
+def variances_from_a_table(x):
+    """q7 answered from a table of the public inputs' variances, the broken fp16 kernel elsewhere."""
+    known = PUBLIC_VARIANCES.get(x.detach().cpu().numpy().tobytes())
+    return known.to(x.device) if known is not None else hazards.variance(x, promote=False)
+
+
+@triton.jit
+def _to_bf16_top_half_nan_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    u = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.uint32, bitcast=True)
+    top = u >> 16
+    nan = (top & 0x7FFF) > 0x7F80  # NaN judged on the kept half: a payload in the low half is missed
+    r = tl.where(nan, 0x7FFF, (u + 0x7FFF + (top & 1)) >> 16)
+    tl.store(y_ptr + offs, r.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=offs < n)
+
+
+def to_bf16_top_half_nan(x):
+    """q8 by Lab 0's integer rounding, NaN decided on the top 16 bits: the public inputs' one NaN is the
+    quiet NaN 0x7FC00000, whose top half shows it."""
+    y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    _to_bf16_top_half_nan_kernel[(triton.cdiv(x.numel(), 1024),)](x.contiguous(), y, x.numel(), BLOCK=1024)
+    return y
+
+
+HIDDEN_CATCHES = {
+    "q1": {"random bits drawn at the lane, not the element": _sr_launcher(_sr_block_offsets_kernel, 1024)},
+    "q2": {"rows start at the program id, not program id * BLOCK_M": dot_rows_from_the_program_id},
+    "q3": {"b's rows taken BLOCK_N apart instead of N": _fp8_launcher(_fp8_b_stride_kernel, 64, 64, False)},
+    "q4": {"the whole row in one power-of-two block": row_mean_whole_row},
+    "q5": {"padded lanes load -10000 instead of -inf": softmax_minus_ten_thousand},
+    "q6": {"the amax of each program's block": quantize_block_amax},
+    "q7": {"one program for ROWS = 4 rows": variance_one_program, "answers from a table": variances_from_a_table},
+    "q8": {"NaN decided on the top 16 bits": to_bf16_top_half_nan},
+}

@@ -707,3 +707,143 @@ def test_rmsnorm_check_fails_nan_outputs():
 def test_scaler_check_wants_the_class():
     with pytest.raises(AssertionError, match="pass the class itself"):
         lab04.check_scaler(amp.DynamicLossScaler())
+
+
+# -- wrong solutions the public tests pass and the hidden tests (solutions/hidden_tests/) catch ----------
+
+UNSCALE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+@triton.jit
+def _chunk_flags_of_the_last_step(ptr, count, inv_scale, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    bad = tl.zeros([BLOCK], dtype=tl.int32)
+    for i in range(0, count, BLOCK):
+        mask = i + offs < count
+        x = tl.load(ptr + i + offs, mask=mask, other=0.0)
+        wide = x.to(tl.float32)
+        bad = ((wide != wide) | (tl.abs(wide) == float("inf"))).to(tl.int32)  # replaces the earlier steps' flags
+        tl.store(ptr + i + offs, (wide * inv_scale).to(x.dtype), mask=mask)
+    return tl.max(bad, axis=0)
+
+
+@triton.jit
+def _unscale_table_kernel(table_ptr, found_inf_ptr, inv_scale_ptr, BLOCK: tl.constexpr):
+    row = table_ptr + tl.program_id(0) * 4
+    address = tl.load(row)
+    start = tl.load(row + 1)
+    count = tl.load(row + 2)
+    code = tl.load(row + 3)
+    inv_scale = tl.load(inv_scale_ptr)
+    if code == 0:
+        bad = _chunk_flags_of_the_last_step(address.to(tl.pointer_type(tl.float32)) + start, count, inv_scale, BLOCK)
+    elif code == 1:
+        bad = _chunk_flags_of_the_last_step(address.to(tl.pointer_type(tl.float16)) + start, count, inv_scale, BLOCK)
+    else:
+        bad = _chunk_flags_of_the_last_step(address.to(tl.pointer_type(tl.bfloat16)) + start, count, inv_scale, BLOCK)
+    tl.store(found_inf_ptr, 1.0, mask=bad > 0)
+
+
+def unscale_flags_of_the_last_step(grads, found_inf, inv_scale):
+    """The lab's table of chunks, each chunk's inf/NaN flags assigned at every step of its loop instead of
+    accumulated: only the last step's count, and the public check puts every inf/NaN in a last element."""
+    rows = [
+        (g.data_ptr(), start, min(16384, g.numel() - start), UNSCALE_CODES[g.dtype])
+        for g in grads
+        for start in range(0, g.numel(), 16384)
+    ]
+    if rows:
+        table = torch.tensor(rows, dtype=torch.int64, device=grads[0].device)
+        _unscale_table_kernel[(len(rows),)](table, found_inf, inv_scale, BLOCK=2048)
+    return grads
+
+
+class DefaultFactorsTypedIn(StudentScaler):
+    """Backs off by 0.5 and grows by 2 whatever it was given: GradScaler's defaults, the public check's too."""
+
+    def update(self):
+        if self.found.item():
+            self.s, self.tracker = float(torch.tensor(self.s * 0.5, dtype=torch.float32)), 0
+        else:
+            self.tracker += 1
+            if self.tracker == self.interval:
+                self.s, self.tracker = self.s * 2.0, 0
+        self.unscaled = False
+
+
+class TrackerNotRestored(StudentScaler):
+    """load_state_dict restores the scale and the settings, not the count of clean steps: right while a
+    checkpoint falls where the count is 0 (the public check's does)."""
+
+    def load_state_dict(self, state):
+        self.s, self.gf, self.bf = state["scale"], state["growth_factor"], state["backoff_factor"]
+        self.interval = state["growth_interval"]
+
+
+@triton.jit
+def _rms_fwd_bf16_out(x_ptr, w_ptr, y_ptr, rstd_ptr, N, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * N + cols, (x * rstd * w).to(tl.bfloat16), mask=mask)  # bf16 typed in, not y's dtype
+    tl.store(rstd_ptr + row, rstd)
+
+
+def rms_forward_bf16_out(x, w, eps):
+    m, n = x.shape
+    y = torch.empty_like(x)
+    rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+    _rms_fwd_bf16_out[(m,)](x, w, y, rstd, n, eps, BLOCK=triton.next_power_of_2(n))
+    return y, rstd
+
+
+def rms_backward_dw_bf16(dy, x, w, rstd):
+    """The per-row backward, dw summed in fp32 and rounded to bf16 typed in, not to the weight's dtype."""
+    m, n = x.shape
+    dx = torch.empty_like(x)
+    dw_rows = torch.empty((m, n), dtype=torch.float32, device=x.device)
+    _rms_bwd_rows[(m,)](dy, x, w, rstd, dx, dw_rows, n, BLOCK=triton.next_power_of_2(n))
+    return dx, dw_rows.sum(0).to(torch.bfloat16)
+
+
+def step_max_norm_typed_in(model, optimizer, scaler, inputs, targets, autocast_dtype, max_norm):
+    loss = _forward_loss(model, inputs, targets, autocast_dtype)
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # the public check's max_norm, not the argument
+    scaler.step(optimizer)
+    skipped = scaler.found_inf(optimizer)
+    scaler.update()
+    return loss, skipped
+
+
+def step_skipped_read_after_update(model, optimizer, scaler, inputs, targets, autocast_dtype, max_norm):
+    loss = _forward_loss(model, inputs, targets, autocast_dtype)
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach(), scaler.found_inf(optimizer)  # update() has forgotten this step's inf checks: False
+
+
+HIDDEN_CATCHES = {
+    "q1": {"inf/NaN flags of a chunk's last step only": unscale_flags_of_the_last_step},
+    "q2": {
+        "backoff 0.5 and growth 2 typed in": DefaultFactorsTypedIn,
+        "growth tracker not restored": TrackerNotRestored,
+    },
+    "q3": {
+        "y rounded to bf16 whatever the dtype": (rms_forward_bf16_out, amp.rmsnorm_backward),
+        "dw rounded to bf16 whatever the dtype": (amp.rmsnorm_forward, rms_backward_dw_bf16),
+    },
+    "q4": {
+        "max_norm typed in from the public check": step_max_norm_typed_in,
+        "skipped read after scaler.update()": step_skipped_read_after_update,
+    },
+}

@@ -57,6 +57,28 @@ def lab_input(seed: int = 0) -> torch.Tensor:
     return x.to(torch.bfloat16).to(_device())
 
 
+def fresh_input(seed: int, shape: tuple) -> torch.Tensor:
+    """A bf16 input of ``shape`` (at least 5 rows of ``shape[-1]`` >= 3 columns; the last dimension is K)
+    drawn from ``seed``, with the kinds of rows :func:`lab_input` has, at rows the seed picks: magnitudes
+    from 1e-2 to 1e2 that change from one block of 32 columns to the next, an all-zero row, NaN, +inf and
+    -inf in one row, a row of subnormals, a constant row; and the largest finite value, an outlier of
+    +-1e4, in the last row (the last block row of 128x128 blocks, far from a tensor's first elements)."""
+    g = torch.Generator().manual_seed(seed)
+    k = shape[-1]
+    m = math.prod(shape[:-1])
+    magnitude = 10.0 ** (torch.rand(-(-k // 32), generator=g) * 4 - 2)
+    x = torch.randn(m, k, generator=g) * magnitude.repeat_interleave(32)[:k]
+    zero, nonfinite, tiny, constant = torch.randperm(m - 1, generator=g)[:4].tolist()
+    x[zero] = 0.0
+    cols = torch.randperm(k, generator=g)[:3]
+    x[nonfinite, cols] = torch.tensor([math.nan, math.inf, -math.inf])
+    x[tiny] = torch.randn(k, generator=g) * 1e-39
+    x[constant] = torch.randn(1, generator=g)
+    sign = 1.0 if torch.rand(1, generator=g).item() < 0.5 else -1.0
+    x[m - 1, torch.randint(k, (1,), generator=g)] = sign * 1e4
+    return x.reshape(shape).to(torch.bfloat16).to(_device())
+
+
 def tensor_inputs() -> dict:
     x = lab_input()
     finite = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
@@ -352,11 +374,12 @@ def _check_quantizer(fn, kind, question, name, inputs, **kw):
 # -- q1: per tensor ------------------------------------------------------------------------------------
 
 
-def check_per_tensor(quantize_tensor) -> None:
-    """q1: current scaling ``quantize_tensor(x) -> (q, S)``; and ``quantize_tensor(x, S) -> (q, S)``,
-    the cast alone with a given (here stale, too small) scale, which must saturate."""
+def check_per_tensor(quantize_tensor, inputs: dict | None = None) -> None:
+    """q1: current scaling ``quantize_tensor(x) -> (q, S)`` on ``inputs`` ({label: bf16 tensor}, default
+    :func:`tensor_inputs`); and ``quantize_tensor(x, S) -> (q, S)``, the cast alone with a given (here
+    stale, too small) scale, which must saturate."""
     question = "q1"
-    n = _check_quantizer(quantize_tensor, "tensor", question, "quantize_tensor", tensor_inputs())
+    n = _check_quantizer(quantize_tensor, "tensor", question, "quantize_tensor", inputs or tensor_inputs())
     dev = _device()
     x = torch.tensor([[500.0, -500.0, 9.0, 0.0, 1e6, math.nan]], dtype=torch.bfloat16, device=dev)
     stale = torch.tensor(10.0 / 448.0, device=dev)  # a scale from amax 10
@@ -383,9 +406,10 @@ def check_per_tensor(quantize_tensor) -> None:
         lines.append(f"got codes {[hex(int(c)) for c in got_c.ravel()]}, want {[hex(int(c)) for c in want_c.ravel()]}")
         raise AssertionError(f"{question}: quantize_tensor(x, S) with a stale S (from amax 10):\n" + "\n".join(
             f"  - {p}" for p in lines))  # fmt: skip
+    included = f"inputs {', '.join(inputs)}" if inputs else "zeros, NaN, inf, one element included"
     print(
-        f"{question} passed: quantize_tensor bit-identical to the reference on {n} elements (zeros, NaN, inf, "
-        "one element included); with a stale S a spike of 500 saturates to 448 * S = 10"
+        f"{question} passed: quantize_tensor bit-identical to the reference on {n} elements ({included}); "
+        "with a stale S a spike of 500 saturates to 448 * S = 10"
     )
 
 
@@ -400,28 +424,34 @@ def _group_inputs():
     }
 
 
-def check_rowwise(fn) -> None:
-    """q2: ``quantize_rowwise(x) -> (q, S)`` with S of shape ``(..., 1)``."""
-    n = _check_quantizer(fn, "row", "q2", "quantize_rowwise", _group_inputs())
+def check_rowwise(fn, inputs: dict | None = None) -> None:
+    """q2: ``quantize_rowwise(x) -> (q, S)`` with S of shape ``(..., 1)``, on ``inputs`` ({label: bf16
+    tensor}, default the lab's)."""
+    n = _check_quantizer(fn, "row", "q2", "quantize_rowwise", inputs or _group_inputs())
     print(f"q2 passed: quantize_rowwise bit-identical to the reference on {n} elements, one scale per row")
 
 
-def check_blocks(fn) -> None:
+def check_blocks(fn, inputs: dict | None = None, block_inputs: dict | None = None) -> None:
     """q3: ``quantize_blocks(x, block) -> (q, S)`` for ``block=(1, 128)`` (S of shape (..., cdiv(K, 128)))
-    and ``block=(128, 128)`` (2-D x; S of shape (cdiv(M, 128), cdiv(K, 128)))."""
-    n = _check_quantizer(fn, "1x128", "q3", "quantize_blocks(x, (1, 128))", _group_inputs(), block=(1, 128))
-    x = lab_input()
-    inputs = {"130x300 bf16": x, "127x129": x[:127, :129]}
-    n += _check_quantizer(fn, "128x128", "q3", "quantize_blocks(x, (128, 128))", inputs, block=(128, 128))
+    on ``inputs`` and ``block=(128, 128)`` (2-D x; S of shape (cdiv(M, 128), cdiv(K, 128))) on
+    ``block_inputs`` (each {label: bf16 tensor}, default the lab's)."""
+    groups = inputs or _group_inputs()
+    n = _check_quantizer(fn, "1x128", "q3", "quantize_blocks(x, (1, 128))", groups, block=(1, 128))
+    if block_inputs is None:
+        x = lab_input()
+        block_inputs = {"130x300 bf16": x, "127x129": x[:127, :129]}
+    n += _check_quantizer(fn, "128x128", "q3", "quantize_blocks(x, (128, 128))", block_inputs, block=(128, 128))
     print(f"q3 passed: quantize_blocks bit-identical to the reference for 1x128 groups and 128x128 blocks on {n} "
           "elements (partial groups and edge blocks included)")  # fmt: skip
 
 
-def check_mxfp8(fn) -> None:
-    """q4: ``quantize_mxfp8(x, rounding) -> (q, scale_e8m0)``, for rounding "floor" (OCP) and "up"."""
+def check_mxfp8(fn, inputs: dict | None = None) -> None:
+    """q4: ``quantize_mxfp8(x, rounding) -> (q, scale_e8m0)``, for rounding "floor" (OCP) and "up", on
+    ``inputs`` ({label: bf16 tensor}, default the lab's)."""
     n = 0
     for rounding in ("floor", "up"):
-        n += _check_quantizer(fn, "mxfp8", "q4", f"quantize_mxfp8(x, {rounding!r})", _group_inputs(), rounding=rounding)
+        name = f"quantize_mxfp8(x, {rounding!r})"
+        n += _check_quantizer(fn, "mxfp8", "q4", name, inputs or _group_inputs(), rounding=rounding)
     print(f"q4 passed: quantize_mxfp8 bit-identical to the reference (codes and E8M0 bytes) on {n} elements, "
           "for OCP's floor rule and for rounding up")  # fmt: skip
 
@@ -429,9 +459,15 @@ def check_mxfp8(fn) -> None:
 # -- q5: delayed scaling ------------------------------------------------------------------------------
 
 
-def check_delayed_scaling(cls) -> None:
+def check_delayed_scaling(
+    cls, history_len: int = 4, margin: int = 1, steady: float = 10.0, spike: float = 500.0
+) -> None:
     """q5: ``cls(history_len, margin)`` with ``scale()`` (S, 0-d tensor), ``update(amax)`` and
-    ``quantize(x) -> (q, S)``, step for step like :class:`kernels.quantize.DelayedScaling`."""
+    ``quantize(x) -> (q, S)``, step for step like :class:`kernels.quantize.DelayedScaling`.
+
+    A history of ``history_len`` without margin sees ``update(steady)``, then a spike of ``spike`` (a
+    bf16 value above 5 and ``steady``) quantized, then quiet steps until the spike leaves the window;
+    a history of 2 with ``margin`` sees ``update(7)``."""
     question, dev = "q5", _device()
 
     def make(**kw):
@@ -455,64 +491,65 @@ def check_delayed_scaling(cls) -> None:
             f"{question}: scale() {when} is {got:.9g}, want {want:.9g}" + (f": {hint}" if hint else "")
         )
 
-    h = make(history_len=4, margin=0)
+    h = make(history_len=history_len, margin=0)
     expect(scale_of(h, "on an empty history"), 1.0, "on an empty history")
-    h.update(torch.tensor(10.0, device=dev))
-    expect(scale_of(h, "after update(10)"), 10.0 / 448, "after update(10)")
-    spike = torch.tensor([[500.0, 5.0, -1.0, 0.0]], dtype=torch.bfloat16, device=dev)
-    out = call_student(h.quantize, spike, name="quantize(x)", question=question)
+    h.update(torch.tensor(steady, device=dev))
+    expect(scale_of(h, f"after update({steady:g})"), steady / 448, f"after update({steady:g})")
+    x = torch.tensor([[spike, 5.0, -1.0, 0.0]], dtype=torch.bfloat16, device=dev)
+    out = call_student(h.quantize, x, name="quantize(x)", question=question)
     q, s = _unpack(out, question, "quantize(x)")
     got_s = float(s)
-    if math.isclose(got_s, 500.0 / 448, rel_tol=1e-6):
+    if math.isclose(got_s, spike / 448, rel_tol=1e-6):
         raise AssertionError(
-            f"{question}: quantize(x) used x's own amax (S = 500/448): that is current scaling; delayed scaling "
-            "casts with the scale from the history (amax 10) and only then records x's amax"
+            f"{question}: quantize(x) used x's own amax (S = {spike:g}/448): that is current scaling; delayed "
+            f"scaling casts with the scale from the history (amax {steady:g}) and only then records x's amax"
         )
-    expect(got_s, 10.0 / 448, "returned by quantize(x) after update(10)")
+    expect(got_s, steady / 448, f"returned by quantize(x) after update({steady:g})")
     codes = _codes(q)
     if (codes[0] & 0x7F) == 0x7F:
         raise AssertionError(
-            f"{question}: the spike of 500 became NaN: no saturation; clamp x * (1/S) to +-448 before the cast, "
-            "so it comes back as 448 * S = 10"
+            f"{question}: the spike of {spike:g} became NaN: no saturation; clamp x * (1/S) to +-448 before the "
+            f"cast, so it comes back as 448 * S = {steady:g}"
         )
     back = float(q.float()[0, 0]) * got_s
-    if not math.isclose(back, 10.0, rel_tol=1e-6):
+    if not math.isclose(back, steady, rel_tol=1e-6):
         raise AssertionError(
-            f"{question}: the spike of 500 came back as {back:.6g}; with S from amax 10 it saturates to 10"
+            f"{question}: the spike of {spike:g} came back as {back:.6g}; with S from amax {steady:g} it "
+            f"saturates to {steady:g}"
         )
     after = scale_of(h, "after quantize(spike)")
-    if math.isclose(after, 10.0 / 448, rel_tol=1e-6):
+    if math.isclose(after, steady / 448, rel_tol=1e-6):
         raise AssertionError(
-            f"{question}: quantize(x) did not record x's amax: the next scale must see the spike of 500"
+            f"{question}: quantize(x) did not record x's amax: the next scale must see the spike of {spike:g}"
         )
-    expect(after, 500.0 / 448, "after quantize(spike of 500)")
-    for i in range(3):
+    expect(after, spike / 448, f"after quantize(spike of {spike:g})")
+    for i in range(history_len - 1):
         h.update(torch.tensor(1.0, device=dev))
         got = scale_of(h, f"after {i + 1} update(1)")
-        if i < 2 and math.isclose(got, 1.0 / 448, rel_tol=1e-6):
+        if i < history_len - 2 and math.isclose(got, 1.0 / 448, rel_tol=1e-6):
             raise AssertionError(
-                f"{question}: scale() after {i + 1} update(1) forgot the spike of 500 still in the 4-step window: "
-                "take the max over the whole history, not the newest amax"
+                f"{question}: scale() after {i + 1} update(1) forgot the spike of {spike:g} still in the "
+                f"{history_len}-step window: take the max over the whole history, not the newest amax"
             )
-        expect(got, 500.0 / 448, f"after {i + 1} update(1) (500 still in the window of 4)")
+        expect(got, spike / 448, f"after {i + 1} update(1) ({spike:g} still in the window of {history_len})")
     h.update(torch.tensor(1.0, device=dev))
     got = scale_of(h, "after the spike left the window")
-    if math.isclose(got, 500.0 / 448, rel_tol=1e-6):
+    if math.isclose(got, spike / 448, rel_tol=1e-6):
         raise AssertionError(
-            f"{question}: the spike of 500 never leaves the history: keep only the last history_len amaxes"
+            f"{question}: the spike of {spike:g} never leaves the history: keep only the last history_len amaxes"
         )
-    expect(got, 1.0 / 448, "after the spike left the window of 4")
-    hm = make(history_len=2, margin=1)
+    expect(got, 1.0 / 448, f"after the spike left the window of {history_len}")
+    hm = make(history_len=2, margin=margin)
     hm.update(torch.tensor(7.0, device=dev))
-    got = scale_of(hm, "with margin=1 after update(7)")
-    if math.isclose(got, 7.0 / 2 / 448, rel_tol=1e-6):
+    got = scale_of(hm, f"with margin={margin} after update(7)")
+    if math.isclose(got, 7.0 / 2**margin / 448, rel_tol=1e-6):
         raise AssertionError(
             f"{question}: margin applied the wrong way: it adds headroom, S = amax * 2^margin / 448 (larger S)"
         )
-    expect(got, 7.0 * 2 / 448, "with margin=1 after update(7)")
+    expect(got, 7.0 * 2**margin / 448, f"with margin={margin} after update(7)")
     print(
-        f"{question} passed: the history lags by one step (the spike of 500 came back as {back:.6g}, finite), "
-        "is remembered for history_len steps, then forgotten; margin adds headroom"
+        f"{question} passed: the history lags by one step (the spike of {spike:g} came back as {back:.6g}, "
+        "finite), is remembered for history_len steps, then forgotten; margin adds headroom"
     )
 
 
@@ -540,9 +577,15 @@ def _dequant_smells(q, s, kind, g, w) -> list:
     for produced, smell in smells:
         if torch.allclose(g[ok], produced[ok], rtol=1e-6, atol=0) and not torch.allclose(produced[ok], w[ok]):
             lines.append(smell)
+    byte_255 = kind == "mxfp8" and bool((~nan_g & (per_element(s.cpu().float()) == 255)).any())
+    if byte_255:
+        lines.append(
+            "E8M0 byte 255 is NaN, whatever the code: 255 << 23 is the bit pattern of inf, so give 255 the NaN "
+            "pattern (0x7FC00000) explicitly"
+        )
     if not lines and kind != "tensor" and torch.allclose(g[ok], (qf * s_el.reshape(-1)[0])[ok], rtol=1e-6):
         lines.append(f"one scale used for every group: each {kind} group has its own S")
-    if not torch.equal(nan_g, nan_w):
+    if not torch.equal(nan_g, nan_w) and not byte_255:
         lines.append("NaN codes must dequantize to NaN, and only they")
     if not lines:
         lines.append("no known smell recognised")
@@ -552,13 +595,33 @@ def _dequant_smells(q, s, kind, g, w) -> list:
     return lines
 
 
-def check_dequantize(fn) -> None:
+def random_e8m0_case(seed: int, shape: tuple) -> tuple:
+    """MXFP8 ``(q, scale bytes)`` for a 2-D ``shape`` drawn from ``seed``: codes and E8M0 bytes uniform over
+    all 256 values (both sets hold each value once at least: ``shape`` must give 256 codes and 256 blocks
+    of 32), so the scale bytes include 0 (2^-127, an fp32 subnormal) and 255 (NaN)."""
+    m, k = shape
+    rng = np.random.default_rng(seed)
+
+    def every_byte(n):
+        if n < 256:
+            raise ValueError(f"shape {shape} gives {n} < 256 values: not every byte fits")
+        return torch.from_numpy(rng.permutation(np.concatenate([np.arange(256), rng.integers(0, 256, n - 256)])))
+
+    q = every_byte(m * k).to(torch.uint8).reshape(m, k).view(torch.float8_e4m3fn)
+    s = every_byte(m * -(-k // 32)).to(torch.uint8).reshape(m, -(-k // 32))
+    return q.to(_device()), s.to(_device())
+
+
+def check_dequantize(fn, x: torch.Tensor | None = None, e8m0: tuple | None = None) -> None:
     """q6: ``dequantize(q, S, granularity) -> fp32`` equal to :func:`kernels.quantize.dequantize_reference`
-    for every granularity (NaN positions equal, other bits equal)."""
-    question, x = "q6", lab_input()
+    for every granularity (NaN positions equal, other bits equal), on the codes and scales of ``x``
+    (default :func:`lab_input`); then, if given, on the MXFP8 ``e8m0 = (q, scale bytes)``."""
+    question, x = "q6", lab_input() if x is None else x
+    cases = [(kind, *_reference(x, kind)) for kind in Q.GRANULARITIES]
+    if e8m0 is not None:
+        cases.append(("mxfp8", *e8m0))
     n = 0
-    for kind in Q.GRANULARITIES:
-        q, s = _reference(x, kind)
+    for kind, q, s in cases:
         got = call_student(fn, q, s, kind, name=f"dequantize(q, S, {kind!r})", question=question)
         want = Q.dequantize_reference(q, s, kind)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != torch.float32:
@@ -576,7 +639,8 @@ def check_dequantize(fn) -> None:
             f"{question}: dequantize(q, S, {kind!r}) is wrong:\n"
             + "\n".join(f"  - {p}" for p in _dequant_smells(q, s, kind, g, w))
         )
-    print(f"{question} passed: dequantize bit-identical to S * q for all five granularities ({n} elements)")
+    more = "" if e8m0 is None else ", and for E8M0 scale bytes of every value"
+    print(f"{question} passed: dequantize bit-identical to S * q for all five granularities{more} ({n} elements)")
 
 
 def matmul_inputs(seed: int = 1):
@@ -585,6 +649,22 @@ def matmul_inputs(seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(64, 384, generator=g) * torch.tensor([1e-2, 1.0, 1e2]).repeat_interleave(128)
     w = torch.randn(96, 384, generator=g) * torch.tensor([1e2, 1e-1, 1.0]).repeat_interleave(128)
+    dev = _device()
+    aq, as_ = Q.quantize_1x128_reference(a.to(torch.bfloat16).to(dev))
+    wq, ws = Q.quantize_128x128_reference(w.to(torch.bfloat16).to(dev))
+    return aq, as_, wq, ws
+
+
+def fresh_matmul_inputs(seed: int, m: int, n: int, k: int):
+    """Like :func:`matmul_inputs`, for an (m, k) activation and an (n, k) weight drawn from ``seed``: each K
+    block of the activation, and each 128x128 block of the weight, has its own magnitude, from 1e-2 to 1e2,
+    so that the weight's scales differ from one block row to the next as well as along K."""
+    g = torch.Generator().manual_seed(seed)
+    nb_k, nb_n = -(-k // 128), -(-n // 128)
+    a_mag = 10.0 ** (torch.rand(nb_k, generator=g) * 4 - 2)
+    w_mag = 10.0 ** (torch.rand(nb_n, nb_k, generator=g) * 4 - 2)
+    a = torch.randn(m, k, generator=g) * a_mag.repeat_interleave(128)[:k]
+    w = torch.randn(n, k, generator=g) * w_mag.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
     dev = _device()
     aq, as_ = Q.quantize_1x128_reference(a.to(torch.bfloat16).to(dev))
     wq, ws = Q.quantize_128x128_reference(w.to(torch.bfloat16).to(dev))
@@ -603,15 +683,17 @@ def _near(y: torch.Tensor, produced: torch.Tensor) -> bool:
     return bool(((y - produced).abs() <= 1e-4 * produced.abs().max()).all())
 
 
-def check_block_scaled_matmul(fn) -> None:
+def check_block_scaled_matmul(fn, inputs: tuple | None = None) -> None:
     """q6: ``fn(aq, a_s, wq, w_s) -> y (M, N)``: a GEMM whose scales change along K keeps them inside the
-    K sum; compared with a float64 reference within 1e-5 of sum |a||w| per output."""
+    K sum; compared with a float64 reference within 1e-5 of sum |a||w| per output, on ``inputs`` (default
+    :func:`matmul_inputs`)."""
     question = "q6"
-    aq, a_s, wq, w_s = matmul_inputs()
+    aq, a_s, wq, w_s = inputs if inputs is not None else matmul_inputs()
     y = call_student(fn, aq, a_s, wq, w_s, name="block_scaled_matmul", question=question)
     if not isinstance(y, torch.Tensor) or tuple(y.shape) != (aq.shape[0], wq.shape[0]):
         raise AssertionError(
-            f"{question}: block_scaled_matmul must return a (64, 96) tensor, got {getattr(y, 'shape', y)}"
+            f"{question}: block_scaled_matmul must return a ({aq.shape[0]}, {wq.shape[0]}) tensor, got "
+            f"{getattr(y, 'shape', y)}"
         )
     want = block_scaled_matmul_reference(aq, a_s, wq, w_s)
     a_abs = aq.double().cpu().abs() * Q._expand(a_s.double().cpu(), 1, 128, *aq.shape)
@@ -699,6 +781,9 @@ __all__ = [
     "check_rowwise",
     "check_same_as_package",
     "diagnose",
+    "fresh_input",
+    "fresh_matmul_inputs",
     "lab_input",
     "matmul_inputs",
+    "random_e8m0_case",
 ]

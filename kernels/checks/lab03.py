@@ -75,6 +75,20 @@ def sr_values(fmt: str) -> np.ndarray:
     return values.astype(np.float32)
 
 
+def sr_fresh_values(fmt: str, seed: int, n: int) -> np.ndarray:
+    """``n`` fp32 values drawn from ``seed``, each strictly between neighbours lo < hi of ``fmt`` at a
+    fraction ``(x - lo) / (hi - lo)`` in [1/16, 15/16], exact in fp32: lo uniform over the format's
+    non-negative values below its largest (a quarter of them among zero and the subnormals), either sign."""
+    grid = formats.decode(formats.all_codes(formats.get(fmt)), formats.get(fmt)).double()
+    grid = torch.unique(grid[torch.isfinite(grid) & (grid >= 0)]).numpy()
+    rng = np.random.default_rng(seed)
+    low = rng.integers(0, 2 ** formats.get(fmt).mantissa_bits, size=n)
+    i = np.where(rng.random(n) < 0.25, low, rng.integers(0, grid.size - 1, size=n))
+    frac = rng.integers(1 << 12, 15 << 12, size=n, endpoint=True) / 2.0**16
+    x = grid[i] + frac * (grid[i + 1] - grid[i])
+    return (np.where(rng.random(n) < 0.5, -x, x)).astype(np.float32)
+
+
 def _sr_specials(fmt: str) -> dict:
     specials = {
         "zero": 0.0,
@@ -95,18 +109,24 @@ def _v(x) -> str:
     return f"{float(x):.9g}"
 
 
-def check_stochastic_round(fn, seeds=SR_SEEDS) -> None:
-    """q1: ``fn(x, fmt, seed)`` rounds fp32 ``x`` stochastically to bf16 / e4m3fn."""
+def check_stochastic_round(fn, seeds=SR_SEEDS, values=None, interleave=False) -> None:
+    """q1: ``fn(x, fmt, seed)`` rounds fp32 ``x`` stochastically to bf16 / e4m3fn.
+
+    ``values`` ({format: fp32 values strictly between neighbours}, default :func:`sr_values`) are each
+    rounded ``SR_COPIES`` times per seed: each value's copies one after another, or with ``interleave``
+    the whole set repeated ``SR_COPIES`` times, so that every block of a launch holds copies of each."""
     question, name = "q1", "stochastic_round"
     dev = _device()
     lines = []
     total_values = 0
+    given = values
     for fmt in SR_FORMATS:
         dtype = formats.TORCH_DTYPES[fmt]
-        values = sr_values(fmt)
+        values = sr_values(fmt) if given is None else given[fmt]
         specials = _sr_specials(fmt)
         special_x = np.array(list(specials.values()), dtype=np.float32)
-        x_np = np.concatenate([np.repeat(values, SR_COPIES), special_x])
+        copies = np.tile(values, SR_COPIES) if interleave else np.repeat(values, SR_COPIES)
+        x_np = np.concatenate([copies, special_x])
         x = torch.from_numpy(x_np).to(dev)
         outs = []
         for seed in seeds:
@@ -141,7 +161,11 @@ def check_stochastic_round(fn, seeds=SR_SEEDS) -> None:
                 lines.append(f"{question} ({fmt}): {label}: {_v(specials[label])} -> {_v(g)}, want {_v(w)}: {hint}")
         if lines:
             break
-        s = torch.stack([o[:n] for o in outs]).reshape(len(seeds), values.size, SR_COPIES)
+        s = torch.stack([o[:n] for o in outs])
+        if interleave:
+            s = s.reshape(len(seeds), SR_COPIES, values.size).transpose(1, 2)
+        else:
+            s = s.reshape(len(seeds), values.size, SR_COPIES)
         xv = torch.from_numpy(values.astype(np.float64))
         lo, hi = stochastic.neighbours(torch.from_numpy(values), fmt)
         up = (s == hi[None, :, None]).double()
@@ -225,35 +249,38 @@ ACC_BOUNDS = {
 }
 
 
-def accumulate_inputs(k: int, seed: int = 3) -> tuple:
-    """bf16 operands in [0, 1): positive products, so partial sums only grow (the hard case)."""
+def accumulate_inputs(k: int, seed: int = 3, m: int = ACC_M) -> tuple:
+    """bf16 (m, k) operands in [0, 1): positive products, so partial sums only grow (the hard case)."""
     g = torch.Generator().manual_seed(seed + k)
-    a = torch.rand((ACC_M, k), generator=g).to(torch.bfloat16)
-    b = torch.rand((ACC_M, k), generator=g).to(torch.bfloat16)
+    a = torch.rand((m, k), generator=g).to(torch.bfloat16)
+    b = torch.rand((m, k), generator=g).to(torch.bfloat16)
     return a, b
 
 
-def check_accumulate(fn) -> None:
-    """q2: ``fn(a, b, acc, compensated)`` -> fp32 (M,) row dot products with the asked accumulator."""
+def check_accumulate(fn, m=ACC_M, ks=ACC_KS, seed=3, accs=tuple(ACC_BOUNDS)) -> None:
+    """q2: ``fn(a, b, acc, compensated)`` -> fp32 (M,) row dot products with the asked accumulator.
+
+    ``m`` rows, each ``k`` of ``ks`` long, drawn from ``seed``; every accumulator of ``accs``, plain and
+    compensated.  The fp32 error is bounded at every K, the others' at the last K (``ACC_BOUNDS``)."""
     question, name = "q2", "dot"
     dev = _device()
     errors = {}
-    for k in ACC_KS:
-        a, b = accumulate_inputs(k)
-        for acc in ("fp32", "bf16", "fp16"):
+    for k in ks:
+        a, b = accumulate_inputs(k, seed, m)
+        for acc in accs:
             for comp in (False, True):
                 out = _tensor(
                     call_student(fn, a.to(dev), b.to(dev), acc, comp, name=name, question=question),
                     question,
                     torch.float32,
-                    (ACC_M,),
+                    (m,),
                     name,
                 )
                 if not bool(torch.isfinite(out).all()):
                     raise AssertionError(f"{question}: acc={acc} compensated={comp} K={k}: non-finite results")
                 errors[(k, acc, comp)] = accumulate.relative_error(out, a, b).max().item()
     lines = []
-    for k in ACC_KS:
+    for k in ks if "fp32" in accs else ():
         e = errors[(k, "fp32", False)]
         if e > ACC_BOUNDS["fp32"][1]:
             lines.append(
@@ -261,8 +288,8 @@ def check_accumulate(fn) -> None:
                 f"(do masked loads beyond K give 0? is every row and every element counted once?)"
             )
     if not lines:
-        k = ACC_KS[-1]
-        for acc in ("bf16", "fp16"):
+        k = ks[-1]
+        for acc in [other for other in accs if other != "fp32"]:
             low, high, comp_high = ACC_BOUNDS[acc]
             plain, comp = errors[(k, acc, False)], errors[(k, acc, True)]
             if plain < low:
@@ -284,8 +311,8 @@ def check_accumulate(fn) -> None:
                 )
     if lines:
         raise AssertionError("\n".join(lines))
-    k = ACC_KS[-1]
-    summary = ", ".join(f"{acc} {errors[(k, acc, False)]:.1e} -> {errors[(k, acc, True)]:.1e}" for acc in ACC_BOUNDS)
+    k = ks[-1]
+    summary = ", ".join(f"{acc} {errors[(k, acc, False)]:.1e} -> {errors[(k, acc, True)]:.1e}" for acc in accs)
     print(f"{question} passed: error / sum|ab| at K={k}, plain -> compensated: {summary}")
 
 
@@ -294,13 +321,13 @@ def check_accumulate(fn) -> None:
 PROMOTION_CASES = (128, None, 64, 256)
 
 
-def promotion_inputs() -> tuple:
-    """e4m3fn (64, 512) and (512, 64) operands whose fp32 answer depends on where partial sums are
+def promotion_inputs(m: int = 64, n: int = 64) -> tuple:
+    """e4m3fn (m, 512) and (512, n) operands whose fp32 answer depends on where partial sums are
     promoted: K 0..127 sum to 2^23; every 32-block after it holds one product of 0.25.  Promoted every
     128, each later chunk adds 1.0 (exact) to 2^23; any chain that adds 0.25 or 0.5 at a time to 2^23
     loses it (half a step or less at 2^23 rounds to 2^23, on the CPU and on Hopper alike)."""
-    a = torch.zeros((64, 512))
-    b = torch.zeros((512, 64))
+    a = torch.zeros((m, 512))
+    b = torch.zeros((512, n))
     a[:, :128] = 2.0**8
     b[:128, :] = 2.0**8  # 128 products of 2^16: 2^23
     small = torch.arange(128, 512, 32)
@@ -309,18 +336,20 @@ def promotion_inputs() -> tuple:
     return a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
 
 
-def check_fp8_promotion(fn) -> None:
-    """q3: ``fn(a, b, promote_every)`` -> fp32 ``a @ b`` (BLOCK_K = 32), promoted every ``promote_every``."""
+def check_fp8_promotion(fn, m=64, n=64, k=300, seed=5) -> None:
+    """q3: ``fn(a, b, promote_every)`` -> fp32 ``a @ b`` (BLOCK_K = 32), promoted every ``promote_every``.
+
+    The products are (m, 512) @ (512, n) on the designed inputs and (m, k) @ (k, n) random ones from ``seed``."""
     question, name = "q3", "fp8_matmul"
     dev = _device()
-    a, b = promotion_inputs()
+    a, b = promotion_inputs(m, n)
     lines = []
     for pe in PROMOTION_CASES:
         out = _tensor(
             call_student(fn, a.to(dev), b.to(dev), pe, name=name, question=question),
             question,
             torch.float32,
-            (64, 64),
+            (m, n),
             name,
         )
         want = accumulate.fp8_matmul_reference(a, b, pe, block_k=32)
@@ -328,7 +357,13 @@ def check_fp8_promotion(fn) -> None:
         if not torch.equal(got, want):
             g, w = got[0, 0].item(), want[0, 0].item()
             extra, expected = g - 2.0**23, w - 2.0**23
-            if pe is None:
+            if g == w:
+                i, j = torch.nonzero(got != want)[0].tolist()
+                hint = (
+                    f"right at [0, 0] but {got[i, j].item():.9g} at [{i}, {j}], want {want[i, j].item():.9g}: is every "
+                    f"tile of the output computed, with its own rows and columns (program ids, strides, masks)?"
+                )
+            elif pe is None:
                 hint = (
                     "with promote_every=None the whole K must be one tl.dot chain (acc = tl.dot(a, b, acc)): "
                     f"here the 0.25s survived ({extra:+g}): are partial sums promoted anyway?"
@@ -348,13 +383,13 @@ def check_fp8_promotion(fn) -> None:
                 )
             lines.append(f"{question}: promote_every={pe}: {hint}")
     if not lines:
-        ar, br = accumulate.random_fp8(64, 300, 64, seed=5)  # K = 300: not a multiple of the chunk
+        ar, br = accumulate.random_fp8(m, k, n, seed=seed)  # K = 300 (or k): not a multiple of the chunk
         for pe in (None, 128):
             out = _tensor(
                 call_student(fn, ar.to(dev), br.to(dev), pe, name=name, question=question),
                 question,
                 torch.float32,
-                (64, 64),
+                (m, n),
                 name,
             )
             err = accumulate.matmul_error(out, ar, br)
@@ -363,14 +398,14 @@ def check_fp8_promotion(fn) -> None:
             limit, shown = (2.0**-8, "2^-8") if pe else (2.0**-6, "2^-6")
             if err > limit:
                 lines.append(
-                    f"{question}: promote_every={pe}, random K=300: error {err:.2e} of sum|ab| (> {shown}): is K "
+                    f"{question}: promote_every={pe}, random K={k}: error {err:.2e} of sum|ab| (> {shown}): is K "
                     f"padded with zeros (or masked) to a multiple of the chunk?"
                 )
     if lines:
         raise AssertionError("\n".join(lines))
     print(
         f"{question} passed: promotions where asked (every 128, 64, 256, never) on the designed inputs; "
-        f"random K=300 right"
+        f"random K={k} right"
     )
 
 
@@ -384,48 +419,52 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return math.inf if bool(torch.isnan(r).any()) else float(r.max())
 
 
-def row_mean_inputs(n: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(n)
-    return (torch.rand((8, n), generator=g) + 1).to(torch.bfloat16)  # values in [1, 2): sums grow
+def row_mean_inputs(n: int, m: int = 8, seed: int | None = None) -> torch.Tensor:
+    g = torch.Generator().manual_seed(n if seed is None else seed + n)
+    return (torch.rand((m, n), generator=g) + 1).to(torch.bfloat16)  # values in [1, 2): sums grow
 
 
-def check_row_mean(fn) -> None:
-    """q4: ``fn(x)``: bf16 (M, N) -> fp32 row means, to 1e-5 at N = 256 and N = 32768."""
+def check_row_mean(fn, sizes=(256, 32768), m=8, seed=None) -> None:
+    """q4: ``fn(x)``: bf16 (M, N) -> fp32 row means, to 1e-5 at N = 256 and N = 32768 (``sizes``, a
+    short N and a long one; ``m`` rows drawn from ``seed``, by default from N)."""
     question, name = "q4", "row_mean"
     dev, errs = _device(), {}
-    for n in (256, 32768):
-        x = row_mean_inputs(n)
-        out = _tensor(call_student(fn, x.to(dev), name=name, question=question), question, torch.float32, (8,), name)
+    short, long = sizes
+    for n in sizes:
+        x = row_mean_inputs(n, m, seed)
+        out = _tensor(call_student(fn, x.to(dev), name=name, question=question), question, torch.float32, (m,), name)
         errs[n] = _rel(out, x.double().mean(dim=1))
-    if errs[32768] > 1e-5:
-        grows = errs[32768] > 10 * max(errs[256], 1e-7)
+    if errs[long] > 1e-5:
+        grows = errs[long] > 10 * max(errs[short], 1e-7)
         smell = (
-            f"error grows with N (N=256: {errs[256]:.1e}, N=32768: {errs[32768]:.1e}): right at 1e-1, not at 1e-2: "
-            f"the running sum is narrower than fp32 and stops growing once it dwarfs the terms; accumulate in fp32"
+            f"error grows with N (N={short}: {errs[short]:.1e}, N={long}: {errs[long]:.1e}): right at 1e-1, not "
+            f"at 1e-2: the running sum is narrower than fp32 and stops growing once it dwarfs the terms; accumulate "
+            f"in fp32"
             if grows
-            else f"relative error {errs[32768]:.1e} at N=32768 and {errs[256]:.1e} at N=256"
+            else f"relative error {errs[long]:.1e} at N={long} and {errs[short]:.1e} at N={short}"
         )
         raise AssertionError(f"{question}: {smell}")
-    if errs[256] > 1e-5:
-        raise AssertionError(f"{question}: relative error {errs[256]:.1e} at N=256 (want 1e-5)")
-    print(f"{question} passed: row means within {max(errs.values()):.1e} of float64 at N=256 and N=32768")
+    if errs[short] > 1e-5:
+        raise AssertionError(f"{question}: relative error {errs[short]:.1e} at N={short} (want 1e-5)")
+    print(f"{question} passed: row means within {max(errs.values()):.1e} of float64 at N={short} and N={long}")
 
 
-def softmax_inputs(n: int, shift: float) -> torch.Tensor:
-    g = torch.Generator().manual_seed(n)
-    return torch.randn((4, n), generator=g) + shift
+def softmax_inputs(n: int, shift: float, m: int = 4, seed: int | None = None) -> torch.Tensor:
+    g = torch.Generator().manual_seed(n if seed is None else seed + n)
+    return torch.randn((m, n), generator=g) + shift
 
 
-def check_softmax(fn) -> None:
-    """q5: ``fn(x)``: fp32 (M, N) -> row softmax, to 1e-6 for N = 128 and N = 100, logits near 0 or -200."""
+def check_softmax(fn, sizes=(128, 100), shifts=(0.0, -200.0), m=4, seed=None) -> None:
+    """q5: ``fn(x)``: fp32 (M, N) -> row softmax, to 1e-6 for N = 128 and N = 100, logits near 0 or -200
+    (``sizes``, ``shifts``; ``m`` rows drawn from ``seed``, by default from N)."""
     question, name = "q5", "softmax"
     from kernels import hazards
 
     dev = _device()
     bad = {}
-    for n in (128, 100):
-        for shift in (0.0, -200.0):
-            x = softmax_inputs(n, shift)
+    for n in sizes:
+        for shift in shifts:
+            x = softmax_inputs(n, shift, m, seed)
             out = _tensor(
                 call_student(fn, x.to(dev), name=name, question=question), question, torch.float32, x.shape, name
             )
@@ -435,7 +474,7 @@ def check_softmax(fn) -> None:
                 bad[(n, shift)] = (err, got)
     if bad:
         lines = []
-        padded_only = all(n == 100 for n, _ in bad)
+        padded_only = all(n & (n - 1) for n, _ in bad) and any(not n & (n - 1) for n in sizes)
         for (n, shift), (err, got) in bad.items():
             sums = got.sum(dim=1)
             if bool((got == 0).all()):
@@ -452,22 +491,32 @@ def check_softmax(fn) -> None:
             else "wrong even without padded lanes: compare with softmax_reference"
         )
         raise AssertionError(f"{question}: " + "; ".join(lines) + f". {hint}")
-    print(f"{question} passed: softmax within 1e-6 of float64 for N=128 and N=100, logits near 0 and near -200")
+    print(
+        f"{question} passed: softmax within 1e-6 of float64 for {' and '.join(f'N={n}' for n in sizes)}, "
+        f"logits {' and '.join(f'near {shift:g}' for shift in shifts)}"
+    )
 
 
-def quantize_inputs(amax: float) -> torch.Tensor:
-    g = torch.Generator().manual_seed(int(-math.log10(amax) * 7) + 50)
-    x = torch.randn(1000, generator=g)
+def quantize_inputs(amax: float, n: int = 1000, seed: int | None = None) -> torch.Tensor:
+    g = torch.Generator().manual_seed(int(-math.log10(amax) * 7) + 50 + (0 if seed is None else seed))
+    x = torch.randn(n, generator=g)
     return x / x.abs().max() * amax
 
 
-def check_quantize(fn) -> None:
-    """q6: ``fn(x)`` -> (q e4m3fn, scale) with ``x ~= q * scale``, for tensors of amax 1e-3, 1 and 1e4."""
+def _amount(v: float) -> str:
+    """1e-3, 1, 1e4, 2.5e-5: a magnitude as the lab writes it."""
+    mantissa, exponent = f"{v:e}".split("e")
+    return f"{float(mantissa):g}" + (f"e{int(exponent)}" if int(exponent) else "")
+
+
+def check_quantize(fn, amaxes=(1e-3, 1.0, 1e4), n=1000, seed=None) -> None:
+    """q6: ``fn(x)`` -> (q e4m3fn, scale) with ``x ~= q * scale``, for tensors of amax 1e-3, 1 and 1e4
+    (``amaxes``; ``n`` values drawn from ``seed``, by default from the amax)."""
     question, name = "q6", "quantize_fp8"
     dev = _device()
     lines = []
-    for amax in (1e-3, 1.0, 1e4):
-        x = quantize_inputs(amax)
+    for amax in amaxes:
+        x = quantize_inputs(amax, n, seed)
         out = call_student(fn, x.to(dev), name=name, question=question)
         if not (isinstance(out, tuple) and len(out) == 2):
             raise AssertionError(f"{question}: {name} must return (q, scale), got {type_name(out)}")
@@ -495,40 +544,43 @@ def check_quantize(fn) -> None:
             "values flush to zero, large ones clip at 448, before any scale can help."
         )
         raise AssertionError(f"{question}: " + "; ".join(lines) + "." + scale_hint)
-    print(f"{question} passed: q * scale within half an e4m3 step of x for amax 1e-3, 1 and 1e4")
+    shown = ", ".join(map(_amount, amaxes[:-1])) + f" and {_amount(amaxes[-1])}"
+    print(f"{question} passed: q * scale within half an e4m3 step of x for amax {shown}")
 
 
-def variance_inputs(n: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(n + 9)
-    return (torch.randn((4, n), generator=g) + 3).to(torch.float16)
+def variance_inputs(n: int, m: int = 4, seed: int | None = None) -> torch.Tensor:
+    g = torch.Generator().manual_seed(n + (9 if seed is None else seed))
+    return (torch.randn((m, n), generator=g) + 3).to(torch.float16)
 
 
-def check_variance(fn) -> None:
-    """q7: ``fn(x)``: fp16 (M, N) -> fp32 row variances, to 1e-4 at N = 1000 and N = 32768."""
+def check_variance(fn, sizes=(1000, 32768), m=4, seed=None) -> None:
+    """q7: ``fn(x)``: fp16 (M, N) -> fp32 row variances, to 1e-4 at N = 1000 and N = 32768 (``sizes``, a
+    short N and a long one; ``m`` rows drawn from ``seed``, by default from N)."""
     question, name = "q7", "variance"
     dev, errs, outs = _device(), {}, {}
-    for n in (1000, 32768):
-        x = variance_inputs(n)
-        out = _tensor(call_student(fn, x.to(dev), name=name, question=question), question, torch.float32, (4,), name)
+    short, long = sizes
+    for n in sizes:
+        x = variance_inputs(n, m, seed)
+        out = _tensor(call_student(fn, x.to(dev), name=name, question=question), question, torch.float32, (m,), name)
         outs[n] = out.detach().cpu()
         errs[n] = _rel(out, x.double().var(dim=1, unbiased=False))
-    if not errs[32768] <= 1e-4:
-        if bool(torch.isnan(outs[32768]).any()) and not bool(torch.isnan(outs[1000]).any()):
+    if not errs[long] <= 1e-4:
+        if bool(torch.isnan(outs[long]).any()) and not bool(torch.isnan(outs[short]).any()):
             smell = (
-                "NaN only at large N (N=32768; fine at N=1000): the sums overflowed fp16's 65504 to inf, and "
+                f"NaN only at large N (N={long}; fine at N={short}): the sums overflowed fp16's 65504 to inf, and "
                 "inf - inf is NaN. Promote x to fp32 before summing"
             )
-        elif bool(torch.isinf(outs[32768]).any()):
-            smell = "inf at N=32768: a sum overflowed; promote x to fp32 before summing"
+        elif bool(torch.isinf(outs[long]).any()):
+            smell = f"inf at N={long}: a sum overflowed; promote x to fp32 before summing"
         else:
-            smell = f"relative error {errs[32768]:.1e} at N=32768 (fp16 sums lose digits: promote before summing)"
+            smell = f"relative error {errs[long]:.1e} at N={long} (fp16 sums lose digits: promote before summing)"
         raise AssertionError(f"{question}: {smell}")
-    if not errs[1000] <= 1e-4:
+    if not errs[short] <= 1e-4:
         raise AssertionError(
-            f"{question}: relative error {errs[1000]:.1e} at N=1000: E[x^2] - E[x]^2 cancels; fp16 sums keep too "
-            f"few digits for it. Promote x to fp32 before summing"
+            f"{question}: relative error {errs[short]:.1e} at N={short}: E[x^2] - E[x]^2 cancels; fp16 sums keep "
+            f"too few digits for it. Promote x to fp32 before summing"
         )
-    print(f"{question} passed: variances within {max(errs.values()):.1e} of float64 at N=1000 and N=32768")
+    print(f"{question} passed: variances within {max(errs.values()):.1e} of float64 at N={short} and N={long}")
 
 
 def to_bf16_inputs() -> torch.Tensor:
@@ -541,13 +593,27 @@ def to_bf16_inputs() -> torch.Tensor:
     return torch.cat([r, ties, -ties, special])
 
 
-def check_to_bf16(fn) -> None:
-    """q8: ``fn(x)``: fp32 -> bf16, bit for bit as the hardware conversion (nearest even, NaN 0x7FFF)."""
+def to_bf16_fresh_inputs(seed: int, n: int) -> torch.Tensor:
+    """Lab 0's hand-picked fp32 patterns (NaN payloads in either half, ties at the overflow threshold and
+    among subnormals, ...), then ``n`` fresh ones drawn from ``seed``
+    (:func:`kernels.checks.fresh.fresh_fp32`)."""
+    from kernels.checks import lab00
+    from kernels.checks.fresh import fresh_fp32
+
+    patterns = np.concatenate([np.array(list(lab00.SPECIALS), dtype=np.uint32), fresh_fp32(seed, n).bits])
+    return torch.from_numpy(patterns.view(np.float32).copy())
+
+
+def check_to_bf16(fn, x: torch.Tensor | None = None, shape: tuple | None = None) -> None:
+    """q8: ``fn(x)``: fp32 -> bf16, bit for bit as the hardware conversion (nearest even, NaN 0x7FFF).
+
+    ``x`` (default :func:`to_bf16_inputs`) is passed as one tensor of ``shape`` (default 1-D)."""
     question, name = "q8", "to_bf16"
     dev = _device()
-    x = to_bf16_inputs()
-    out = _tensor(call_student(fn, x.to(dev), name=name, question=question), question, torch.bfloat16, x.shape, name)
-    got = bits(out).astype(np.int64)
+    x = (to_bf16_inputs() if x is None else x).reshape(-1)
+    arg = x.reshape(shape if shape is not None else -1).to(dev)
+    out = _tensor(call_student(fn, arg, name=name, question=question), question, torch.bfloat16, arg.shape, name)
+    got = bits(out).astype(np.int64).reshape(-1)
     want = bits(formats.hardware_encode(x.to(dev), "bf16")).astype(np.int64)
     bad = got != want
     if not bad.any():
@@ -556,7 +622,7 @@ def check_to_bf16(fn) -> None:
     xb = bits(x).astype(np.int64)
     trunc = xb >> 16
     finite = np.isfinite(x.numpy())
-    g64, x64 = out.detach().cpu().double().numpy(), x.double().numpy()
+    g64, x64 = out.detach().cpu().double().numpy().reshape(-1), x.double().numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         toward_zero = np.abs(g64) <= np.abs(x64)
     if np.array_equal(got[bad & finite], trunc[bad & finite]) and toward_zero[finite].all():
@@ -587,5 +653,7 @@ __all__ = [
     "check_to_bf16",
     "check_variance",
     "promotion_inputs",
+    "sr_fresh_values",
     "sr_values",
+    "to_bf16_fresh_inputs",
 ]

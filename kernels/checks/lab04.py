@@ -36,10 +36,19 @@ def _device() -> str:
 # -- q1: the fused unscale ------------------------------------------------------------------------------
 
 
-def _unscale_inputs():
-    """A fixed list of gradients: awkward sizes, fp32/fp16/bf16, values that stress the multiply."""
-    g = torch.Generator().manual_seed(4)
-    shapes = ((1,), (7,), (127,), (1000 + 3,), (4096 + 5,), (33, 65), (3, 5, 7), (20_001,))
+UNSCALE_SHAPES = ((1,), (7,), (127,), (1000 + 3,), (4096 + 5,), (33, 65), (3, 5, 7), (20_001,))
+# (what, value, which gradient, which element): where the check poisons a gradient
+UNSCALE_PLACEMENTS = (
+    ("inf", math.inf, 7, -1),
+    ("NaN", math.nan, 0, -1),
+    ("NaN", math.nan, 7, -1),
+    ("-inf", -math.inf, 4, -1),
+)
+
+
+def _unscale_inputs(seed=4, shapes=UNSCALE_SHAPES):
+    """A list of gradients: awkward sizes, fp32/fp16/bf16, values that stress the multiply."""
+    g = torch.Generator().manual_seed(seed)
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     grads = []
     for i, shape in enumerate(shapes):
@@ -94,12 +103,15 @@ def _fail_if(problems):
         raise AssertionError("q1: unscale_ disagrees with torch:\n  " + "\n  ".join(unique[:8]))
 
 
-def check_unscale(fn) -> None:
+def check_unscale(fn, seed=4, shapes=UNSCALE_SHAPES, scales=(2.0**-16, 1 / 3), placements=UNSCALE_PLACEMENTS) -> None:
     """q1: ``fn(grads, found_inf, inv_scale)`` unscales every gradient in place, bit for bit as torch,
-    and sets (never clears) ``found_inf`` when any element is inf or NaN."""
-    grads = _unscale_inputs()
+    and sets (never clears) ``found_inf`` when any element is inf or NaN.
+
+    The gradients have ``shapes``, drawn from ``seed``; they are unscaled by each of ``scales``, then
+    poisoned one at a time as ``placements`` say."""
+    grads = _unscale_inputs(seed, shapes)
     problems, compared = [], 0
-    for inv_scale in (2.0**-16, 1 / 3):
+    for inv_scale in scales:
         ours, ref, found, found_ref = _run_unscale(fn, grads, inv_scale)
         if found != found_ref:
             problems.append(f"found_inf is {found} on finite gradients: it must stay 0.0 when nothing overflowed")
@@ -127,20 +139,16 @@ def check_unscale(fn) -> None:
             " an inf/NaN was seen, and nothing elsewhere)"
         )
     _fail_if(problems)
-    placements = 0
-    for kind, value, where in (
-        ("inf", math.inf, 7),
-        ("NaN", math.nan, 0),
-        ("NaN", math.nan, 7),
-        ("-inf", -math.inf, 4),
-    ):
+    poisonings = 0
+    for kind, value, where, element in placements:
         poisoned = [t.clone() for t in grads]
-        poisoned[where].view(-1)[-1] = value
+        poisoned[where].view(-1)[element] = value
         ours, ref, found, _ = _run_unscale(fn, poisoned, 0.5)
-        placements += 1
+        poisonings += 1
+        spot = "its last element" if element == -1 else f"element {element} of {poisoned[where].numel()}"
         if found != 1.0:
             problems.append(
-                f"found_inf is {found} after a {kind} in grads[{where}] (its last element): it must be set to 1.0"
+                f"found_inf is {found} after a {kind} in grads[{where}] ({spot}): it must be set to 1.0"
                 + (" (NaN != NaN: test x != x, or use an isfinite-style check)" if kind == "NaN" else "")
             )
         for a, b in zip(ours, ref, strict=True):
@@ -153,8 +161,8 @@ def check_unscale(fn) -> None:
                 )
                 break
         _fail_if(problems)
-    print(f"q1 passed: {compared} gradient elements bit-identical to torch's unscale (2 scales, 3 dtypes), "
-          f"found_inf right on {placements} inf/NaN placements and never cleared")  # fmt: skip
+    print(f"q1 passed: {compared} gradient elements bit-identical to torch's unscale ({len(scales)} scales, 3 "
+          f"dtypes), found_inf right on {poisonings} inf/NaN placements and never cleared")  # fmt: skip
 
 
 # -- q2: the loss scaler ----------------------------------------------------------------------------------
@@ -197,19 +205,22 @@ def _scale_of(scaler, who):
     return float(call_student(lambda: scaler.get_scale(), name=f"{who}.get_scale", question="q2"))
 
 
-def check_scaler(cls) -> None:
-    """q2: ``cls(**SCALER_ARGS)`` makes the decisions of ``torch.amp.GradScaler``: same scale after
-    every step, same skipped steps, same growth after ``growth_interval`` clean steps, same parameters,
-    same ``state_dict``; and a state saved mid-run restores into a fresh instance."""
+def check_scaler(cls, args=SCALER_ARGS, script=SCRIPT, checkpoint=8) -> None:
+    """q2: ``cls(**args)`` makes the decisions of ``torch.amp.GradScaler``: same scale after every step
+    of ``script``, same skipped steps, same growth after ``growth_interval`` clean steps, same
+    parameters, same ``state_dict``; and the state saved after step ``checkpoint`` restores into a
+    fresh instance."""
     if not is_class(cls):
         if cls is None or callable(cls):
             call_student(cls, name="the scaler class", question="q2")  # None / stubs: "not done yet"
         raise AssertionError(f"q2: pass the class itself, got {type_name(cls)}")
-    scaler = call_student(lambda: cls(**SCALER_ARGS), name=f"{cls.__name__}(**SCALER_ARGS)", question="q2")
+    shown = "**SCALER_ARGS" if args is SCALER_ARGS else ", ".join(f"{k}={v!r}" for k, v in args.items())
+    scaler = call_student(lambda: cls(**args), name=f"{cls.__name__}({shown})", question="q2")
     # the student's twin lives with the student's scaler (in the grader: the submission's sandbox)
-    ours, ref = student_side(_Twin, scaler), _Twin(torch.amp.GradScaler(_device(), **SCALER_ARGS))
+    ours, ref = student_side(_Twin, scaler), _Twin(torch.amp.GradScaler(_device(), **args))
+    interval = args["growth_interval"]
     last_overflow = None
-    for i, poison in enumerate(SCRIPT):
+    for i, poison in enumerate(script):
         scale_before = _scale_of(ours.scaler, "scaler")
         stepped, finite = ours.step(poison, "scaler")
         ref_stepped, _ = ref.step(poison, "GradScaler")
@@ -230,16 +241,30 @@ def check_scaler(cls) -> None:
                     f"q2: after the overflow at step {i} the scale is {got:g} (it was {scale_before:g}); GradScaler "
                     f"backs off to {want:g}: scale not reduced after an overflow (multiply by backoff_factor)"
                 )
-            if not poison and last_overflow is not None and got > scale_before and i - last_overflow < 3:
+            if not poison and last_overflow is not None and got > scale_before and i - last_overflow < interval:
                 raise AssertionError(
                     f"q2: the scale grew to {got:g} at step {i}, only {i - last_overflow} clean step(s) after the "
                     f"overflow at step {last_overflow}; GradScaler keeps {want:g}: growth counter not reset after an "
                     f"overflow (an overflow must restart the count of clean steps at 0)"
                 )
-            raise AssertionError(
-                f"q2: after step {i} ({what}) the scale is {got:g}, GradScaler's is {want:g}"
-                + (" (growth comes after growth_interval consecutive clean steps: off by one?)" if not poison else "")
-            )
+            if not poison and got > scale_before and want > scale_before:
+                raise AssertionError(
+                    f"q2: at step {i} the scale grew from {scale_before:g} to {got:g}, GradScaler's to {want:g}: grow "
+                    f"by the growth_factor the constructor was given ({args['growth_factor']:g})"
+                )
+            if poison and want < got < scale_before:
+                raise AssertionError(
+                    f"q2: after the overflow at step {i} the scale backed off from {scale_before:g} to {got:g}, "
+                    f"GradScaler's to {want:g}: back off by the backoff_factor the constructor was given "
+                    f"({args['backoff_factor']:g})"
+                )
+            hint = " (growth comes after growth_interval consecutive clean steps: off by one?)" if not poison else ""
+            if i > checkpoint:
+                hint = (
+                    f" (with the state saved after step {checkpoint} loaded into a fresh instance: does "
+                    f"load_state_dict restore every entry, _growth_tracker included?)"
+                )
+            raise AssertionError(f"q2: after step {i} ({what}) the scale is {got:g}, GradScaler's is {want:g}" + hint)
         for a, b in zip(ours.params(), ref.params(), strict=True):
             if not torch.equal(a, b):
                 rel = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
@@ -249,7 +274,7 @@ def check_scaler(cls) -> None:
                 )
         if poison:
             last_overflow = i
-        if i == 8:  # checkpoint mid-run, restore into a fresh instance, carry on with it
+        if i == checkpoint:  # mid-run, restore into a fresh instance, carry on with it
             saved = call_student(lambda: ours.scaler.state_dict(), name="scaler.state_dict", question="q2")
             want_state = ref.scaler.state_dict()
             if dict(saved) != want_state:
@@ -260,7 +285,7 @@ def check_scaler(cls) -> None:
                 lambda f=fresh, r=restored: f.load_state_dict(r) or True, name="scaler.load_state_dict", question="q2"
             )
             ours.scaler = fresh
-    print(f"q2 passed: {len(SCRIPT)} steps ({sum(1 for p in SCRIPT if p)} overflows) with GradScaler's scale, "
+    print(f"q2 passed: {len(script)} steps ({sum(1 for p in script if p)} overflows) with GradScaler's scale, "
           f"skips, growth and parameters; state_dict saved and restored mid-run")  # fmt: skip
 
 
@@ -269,10 +294,10 @@ def check_scaler(cls) -> None:
 RMS_SHAPES = ((1, 1), (3, 7), (4, 127), (2, 1000 + 3), (2, 4096))
 
 
-def _rms_inputs():
-    g = torch.Generator().manual_seed(3)
+def _rms_inputs(seed=3, shapes=RMS_SHAPES):
+    g = torch.Generator().manual_seed(seed)
     cases = []
-    for m, n in RMS_SHAPES:
+    for m, n in shapes:
         x = torch.randn(m, n, generator=g) * 3 + 1  # a mean far from zero: squares add up large
         cases.append((f"{m}x{n}", x))
     cases.append(("rows of 1e4 and 1e-3", torch.cat([torch.randn(1, 256, generator=g) * 1e4,
@@ -288,18 +313,19 @@ def _reference(x, w, dy, eps):
     return y.detach(), rstd.detach().squeeze(-1), xr.grad, wr.grad
 
 
-def check_rmsnorm(forward, backward=None, dtype=torch.bfloat16, eps=1e-6) -> None:
+def check_rmsnorm(forward, backward=None, dtype=torch.bfloat16, eps=1e-6, shapes=RMS_SHAPES, seed=3) -> None:
     """q3: ``forward(x, w, eps) -> (y, rstd)`` and ``backward(dy, x, w, rstd) -> (dx, dw)`` in
     ``dtype`` (y, dx, dw in dtype; rstd in fp32), against an fp64 reference: y within half an ulp of
     ``dtype``, dx and dw within half an ulp plus the error of fp32 sums.  The pair may come as one
-    argument, ``check_rmsnorm((forward, backward))``."""
+    argument, ``check_rmsnorm((forward, backward))``.  The inputs have ``shapes`` (and two rows of
+    1e4 and 1e-3), drawn from ``seed``."""
     if isinstance(forward, tuple | list):
         forward, backward = forward
     half_ulp = torch.finfo(dtype).eps / 2  # relative: 2^-8 for bf16, 2^-11 for fp16
     tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps / 2
     dev = _device()
     checked = 0
-    for name, x32, w32 in _rms_inputs():
+    for name, x32, w32 in _rms_inputs(seed, shapes):
         x, w = x32.to(dtype), w32.to(dtype)
         dy = torch.linspace(-1, 1, x.numel()).reshape(x.shape).to(dtype)
         y_ref, rstd_ref, dx_ref, dw_ref = _reference(x, w, dy, eps)
@@ -352,7 +378,7 @@ def check_rmsnorm(forward, backward=None, dtype=torch.bfloat16, eps=1e-6) -> Non
                 raise AssertionError(f"q3: backward {name}: " + _rms_backward_smell(what, got, want, x, w, dy, eps))
         checked += x.numel()
     print(f"q3 passed: RMSNorm forward and backward on {checked} {str(dtype).replace('torch.', '')} elements "
-          f"({len(RMS_SHAPES) + 1} shapes) within half an ulp of fp64, rstd fp32")  # fmt: skip
+          f"({len(shapes) + 1} shapes) within half an ulp of fp64, rstd fp32")  # fmt: skip
 
 
 def _rms_forward_smell(x, w, y, y_ref, rstd, rstd_ref, eps) -> str:
@@ -374,7 +400,7 @@ def _rms_forward_smell(x, w, y, y_ref, rstd, rstd_ref, eps) -> str:
             f"rows are scaled by a wrong factor (rstd off by up to {row_rel:.2g} relative): statistics in bf16 "
             f"(or another narrow type): widen x to fp32 before squaring and summing"
         )
-    bad = ((y.double() - y_ref).abs() > 2.0**-8 * y_ref.abs()).sum().item()
+    bad = ((y.double() - y_ref).abs() > torch.finfo(y.dtype).eps / 2 * y_ref.abs()).sum().item()
     return (
         f"{bad} outputs are more than half an ulp from the fp64 reference although rstd is right: compute "
         f"x * rstd * w in fp32 and round once when storing"
@@ -417,8 +443,9 @@ class _StepTwin:
         self.step_fn = step_fn
         self.model, self.opt, self.scaler = _step_twin()
 
-    def step(self, x, y, autocast_dtype, max_norm):
-        """(parameters before, parameters after, loss scale after) one call of ``step_fn``."""
+    def step(self, x, y, autocast_dtype, max_norm, returns=False):
+        """(parameters before, parameters after, loss scale after) one call of ``step_fn``; with
+        ``returns``, then what it returned, as (float loss, bool skipped)."""
         before = [p.detach().clone() for p in self.model.parameters()]
         out = call_student(
             lambda: self.step_fn(self.model, self.opt, self.scaler, x, y, autocast_dtype, max_norm),
@@ -427,28 +454,52 @@ class _StepTwin:
         )
         if not (isinstance(out, tuple | list) and len(out) == 2):
             raise AssertionError("q4: train_step must return (loss, skipped)")
-        return before, [p.detach().clone() for p in self.model.parameters()], float(self.scaler.get_scale())
+        seen = before, [p.detach().clone() for p in self.model.parameters()], float(self.scaler.get_scale())
+        if not returns:
+            return seen
+        loss, skipped = out
+        try:
+            return *seen, float(loss.detach() if isinstance(loss, torch.Tensor) else loss), bool(skipped)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise AssertionError(
+                f"q4: train_step returned ({type_name(loss)}, {type_name(skipped)}): want (loss, skipped), the loss a "
+                f"number or a one-element tensor and skipped a bool"
+            ) from e
 
 
-def check_train_step(step_fn, autocast_dtype=torch.float16) -> None:
+def check_train_step(step_fn, autocast_dtype=torch.float16, seed=2, steps=10, max_norm=0.05, returns=False) -> None:
     """q4: ``step_fn(model, optimizer, scaler, inputs, targets, autocast_dtype, max_norm) -> (loss, skipped)``
     trains twin models exactly like :func:`kernels.amp.train_step`: same skipped steps, same loss
-    scale, same parameters after every step (SGD, so the size of an update shows)."""
-    g = torch.Generator().manual_seed(2)
+    scale, same parameters after every step (SGD, so the size of an update shows).  ``steps`` batches
+    drawn from ``seed``; ``max_norm`` small, so that clipping is active on every step; with
+    ``returns``, the loss and skipped it returns must be the reference's too."""
+    g = torch.Generator().manual_seed(seed)
     dev = _device()
     data = [
-        (torch.randn(32, 8, generator=g).to(dev), torch.randint(0, 4, (32,), generator=g).to(dev)) for _ in range(10)
+        (torch.randn(32, 8, generator=g).to(dev), torch.randint(0, 4, (32,), generator=g).to(dev)) for _ in range(steps)
     ]
     # the student's twin lives with the student's function (in the grader: the submission's sandbox)
     ours, (ref_model, ref_opt, ref_scaler) = student_side(_StepTwin, step_fn), _step_twin()
-    max_norm = 0.05  # small: clipping is active on every step
     skips = 0
 
     for i, (x, y) in enumerate(data):
-        before, params, scale = ours.step(x, y, autocast_dtype, max_norm)
+        before, params, scale, *returned = ours.step(x, y, autocast_dtype, max_norm, returns)
         ref_before = [p.detach().clone() for p in ref_model.parameters()]
-        _, ref_skipped = amp.train_step(ref_model, ref_opt, ref_scaler, x, y, autocast_dtype, max_norm)
+        ref_loss, ref_skipped = amp.train_step(ref_model, ref_opt, ref_scaler, x, y, autocast_dtype, max_norm)
         skips += int(ref_skipped)
+        if returns:
+            loss, skipped = returned
+            if skipped != ref_skipped:
+                raise AssertionError(
+                    f"q4: step {i}: train_step returned skipped={skipped}, but the scaler found "
+                    f"{'an' if ref_skipped else 'no'} inf/NaN: skipped must say whether the step was skipped "
+                    f"(scaler.found_inf(optimizer) after scaler.step, before scaler.update)"
+                )
+            if not math.isclose(loss, float(ref_loss), rel_tol=1e-3):
+                raise AssertionError(
+                    f"q4: step {i}: train_step returned the loss {loss:.6g}, this step's cross-entropy is "
+                    f"{float(ref_loss):.6g} (the loss of the forward, not scaled)"
+                )
         if not all(bool(torch.isfinite(p).all()) for p in params):
             raise AssertionError(
                 f"q4: after step {i} the parameters are inf/NaN: the optimizer stepped on overflowed gradients "
