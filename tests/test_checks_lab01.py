@@ -768,7 +768,8 @@ TORCH_VIEWS = {
 
 def decode_by_torch_views(bits, fmt):
     """q1 by reinterpreting the codes as torch's own dtypes where torch has one (int64 -> int16 wraps
-    codes >= 2^15 into the sign, as the view needs); the FP6/FP4 formats from a table built in Python."""
+    codes >= 2^15 into the sign, as the view needs); any other format from a table built in Python,
+    code by code, with its NaN rule."""
     if fmt.name in TORCH_VIEWS:
         int_dtype, dtype = TORCH_VIEWS[fmt.name]
         return bits.to(int_dtype).view(dtype).float()
@@ -777,6 +778,13 @@ def decode_by_torch_views(bits, fmt):
     for c in range(1 << fmt.bits):
         s, e, m = c >> (E + M), (c >> M) & ((1 << E) - 1), c & ((1 << M) - 1)
         v = (m / 2**M) * 2.0 ** (1 - fmt.bias) if e == 0 else (1 + m / 2**M) * 2.0 ** (e - fmt.bias)
+        top = e == (1 << E) - 1
+        if fmt.nan == "ieee" and top:
+            v = math.inf if m == 0 else math.nan
+        elif fmt.nan == "fn" and top and m == (1 << M) - 1:
+            v = math.nan
+        elif fmt.nan == "fnuz" and c == 1 << (E + M):  # the "negative zero" pattern
+            v = math.nan
         table.append(-v if s else v)
     return torch.tensor(table, dtype=torch.float32)[bits]
 
@@ -1069,3 +1077,76 @@ def test_student_solution_passes(question, name, capsys):
 def test_student_encoders_agree_with_the_package_on_the_sweep(name, capsys):
     lab01.check_same_as_package(STUDENT_SOLUTIONS["q2"][name])
     assert capsys.readouterr().out.startswith("same bits as kernels.formats.encode")
+
+
+# -- wrong solutions the public tests pass and the hidden tests (solutions/hidden_tests/) catch ----------
+
+
+def decode_table_unindexed(bits, fmt):
+    """Every code's exact value, in code order, returned whole: bits is never read, and the public check
+    passes every code counting up from 0, so the table is the answer there."""
+    return _exact_table(fmt).float()
+
+
+def decode_flattened(bits, fmt):
+    """Right values, returned as one flat row whatever the shape of bits."""
+    return decode_by_ldexp(bits.flatten(), fmt).float()
+
+
+def encode_flat_output(x, fmt):
+    """Right kernel, but the launcher allocates a flat output, the only shape the public check passes."""
+    y = torch.zeros(x.numel(), dtype=formats.TORCH_DTYPES[fmt], device=x.device)
+    n = x.numel()
+    _student_kernel[(triton.cdiv(n, 1024),)](x, y.view(torch.uint8), n, **FP8_PARAMS[fmt], MODE="rne", BLOCK=1024)
+    return y
+
+
+def encode_len_for_numel(x, fmt):
+    """Right kernel, but the launcher counts the elements with len(x): all of them for the public check's
+    1-D input, the first row's count only for a 2-D one."""
+    y = torch.zeros(x.shape, dtype=formats.TORCH_DTYPES[fmt], device=x.device)
+    n = len(x)
+    _student_kernel[(triton.cdiv(n, 1024),)](x, y.view(torch.uint8), n, **FP8_PARAMS[fmt], MODE="rne", BLOCK=1024)
+    return y
+
+
+TYPED_IN_TABLE = {f.name: table_row(f) for f in lab01.SMALL_FORMATS}  # the notebook prints this table
+
+
+def properties_typed_in(fmt):
+    """The ten rows of the notebook's format table, typed in, looked up by the format's name."""
+    return dict(TYPED_IN_TABLE[fmt.name])
+
+
+def properties_specials_by_name(fmt):
+    """By formula from the fields, but which formats have inf and NaN listed by name, from the lab's ten."""
+    row = properties_by_formula(fmt)
+    return {**row, "has_inf": fmt.name in ("fp16", "bf16", "e5m2"), "has_nan": fmt.name not in ("e2m1", "e3m2", "e2m3")}
+
+
+def fnuz_vs_ocp_nan_unequal(ocp, fnuz):
+    """Values compared with == and the sign bit, so NaN never equals NaN: no byte of the public pairs is NaN
+    in both readings, so there it makes no difference."""
+    codes = torch.arange(256)
+    a, b = formats.decode(codes, ocp), formats.decode(codes, fnuz)
+    differ = codes[~((a == b) & (a.signbit() == b.signbit()))].tolist()
+    return differ, [c for c in differ if not b[c] == a[c] / 2]
+
+
+PRINTED_ANSWERS = {  # what the notebook prints for the two pairs, copied
+    "e4m3fn": (list(range(1, 256)), [0x7F, 0x80, 0xFF]),
+    "e5m2": (list(range(1, 256)), [0x7C, 0x7D, 0x7E, 0x7F, 0x80, 0xFC, 0xFD, 0xFE, 0xFF]),
+}
+
+
+def fnuz_vs_ocp_printed(ocp, fnuz):
+    """The answers the notebook prints, copied, chosen by the OCP format's name."""
+    return PRINTED_ANSWERS[ocp.name]
+
+
+HIDDEN_CATCHES = {
+    "q1": {"every code's value, bits not read": decode_table_unindexed, "flattens its result": decode_flattened},
+    "q2": {"flat output whatever the input's shape": encode_flat_output, "len(x) elements": encode_len_for_numel},
+    "q3": {"the ten rows typed in": properties_typed_in, "inf and NaN listed by name": properties_specials_by_name},
+    "q4": {"NaN compared with ==": fnuz_vs_ocp_nan_unequal, "the printed answers copied": fnuz_vs_ocp_printed},
+}

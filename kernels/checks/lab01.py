@@ -162,7 +162,7 @@ def _decode_findings(f: formats.Format, codes: np.ndarray, got: np.ndarray, want
             "top bit read as a sign",
             "e8m0 has no sign bit: all 8 bits are the exponent, 2^(c - 127)",
         )
-    nan_codes = [_h(c, width) for c in codes[np.isnan(want)]]
+    nan_codes = [_h(c, width) for c in np.unique(codes[np.isnan(want)])]
     hint = f"in {f.name} " + _POLICY_HINTS[f.nan].format(nan=" and ".join(nan_codes))
     top = e == e_max
     hit = np.flatnonzero(open_ & finite & ~np.isfinite(got))
@@ -203,12 +203,24 @@ def _group(findings: list) -> list:
     return lines
 
 
-def check_decode(fn) -> None:
-    """q1: ``fn(bits, fmt)`` decodes every code of every format in :data:`SMALL_FORMATS` exactly."""
+def shuffled_codes(f: formats.Format, rng: np.random.Generator, shape: tuple) -> torch.Tensor:
+    """Every code of ``f`` once in an order drawn from ``rng``, then as many again drawn with repeats,
+    as an int64 tensor of ``shape`` (which may hold one -1)."""
+    order = rng.permutation(f.codes)
+    repeats = rng.integers(0, f.codes, size=f.codes)
+    return torch.from_numpy(np.concatenate([order, repeats]).astype(np.int64)).reshape(shape)
+
+
+def check_decode(fn, seed: int | None = None, shape: tuple = (2, -1), fmts: tuple = SMALL_FORMATS) -> None:
+    """q1: ``fn(bits, fmt)`` decodes every code of every format in ``fmts`` (:data:`SMALL_FORMATS`) exactly.
+
+    Each format's codes are passed as one 1-D tensor, all of them in increasing order; with ``seed``,
+    as :func:`shuffled_codes` drawn from it, in a tensor of ``shape``."""
     question, name = "q1", "decode"
+    rng = np.random.default_rng(seed) if seed is not None else None
     total, failures, findings = 0, [], []
-    for f in SMALL_FORMATS:
-        codes = formats.all_codes(f)
+    for f in fmts:
+        codes = formats.all_codes(f) if rng is None else shuffled_codes(f, rng, shape)
         arg = codes.clone()
         out = call_student(fn, arg, f, name=name, question=question)
         if not torch.equal(arg, codes):
@@ -223,9 +235,9 @@ def check_decode(fn) -> None:
             raise AssertionError(
                 f"{question}: wrong dtype: {name} returned {out.dtype}, want torch.float32 (values, not bit patterns)"
             )
-        got = out.detach().cpu().to(torch.float64).numpy()
-        want = formats.decode(codes, f).to(torch.float64).numpy()
-        c = codes.numpy()
+        got = out.detach().cpu().to(torch.float64).numpy().reshape(-1)
+        want = formats.decode(codes, f).to(torch.float64).numpy().reshape(-1)
+        c = codes.numpy().reshape(-1)
         with np.errstate(invalid="ignore"):
             bad = ~((np.isnan(got) & np.isnan(want)) | ((got == want) & (np.signbit(got) == np.signbit(want))))
         total += c.size
@@ -233,9 +245,9 @@ def check_decode(fn) -> None:
             failures.append(f"{f.name} {int(bad.sum())}/{c.size}")
             findings += _decode_findings(f, c, got, want)
     if not failures:
+        what = f"all {total} codes" if rng is None else f"{total} codes (shuffled, repeated, shape {tuple(shape)})"
         print(
-            f"{question} passed: {name} is exact on all {total} codes of {len(SMALL_FORMATS)} formats "
-            f"({', '.join(f.name for f in SMALL_FORMATS)})"
+            f"{question} passed: {name} is exact on {what} of {len(fmts)} formats ({', '.join(f.name for f in fmts)})"
         )
         return
     lines = [f"{question}: {name} differs from the formats' definitions: {', '.join(failures)} codes wrong"]
@@ -324,6 +336,32 @@ def adversarial_fp32() -> InputSet:
     }
     labels = np.concatenate([np.full(len(v), k) for k, v in parts.items()])
     return InputSet(np.concatenate(list(parts.values())), labels, {k: len(v) for k, v in parts.items()})
+
+
+def fresh_encode_inputs(seed: int, n: int) -> InputSet:
+    """``n`` fp32 patterns drawn from ``seed``, their groups mixed in a random order and labelled: a quarter
+    uniform over all 2^32 patterns; three eighths of both signs with a random mantissa and an exponent
+    from below e5m2's subnormals to past its largest value; three eighths a random fp8 tie (of either
+    format, the one above the largest value included) moved by -64 to 64 fp32 steps, so that rounding
+    is close."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    rng = np.random.default_rng(seed)
+    kind = rng.choice(3, size=n, p=[0.25, 0.375, 0.375])  # 0: random; 1: in range; 2: near a tie
+    random = rng.integers(0, 1 << 32, size=n, dtype=np.uint64).astype(np.uint32)
+    exponent = rng.integers(127 - 20, 127 + 17, size=n).astype(np.uint32)
+    in_range = (exponent << 23) | rng.integers(0, 1 << 23, size=n).astype(np.uint32)
+    ties = []
+    for g in (_grid(f) for f in FP8):
+        ties.append(np.concatenate([(g[:-1] + g[1:]) / 2, [g[-1] + (g[-1] - g[-2]) / 2]]))
+    ties = np.concatenate(ties).astype(np.float32).view(np.uint32)
+    picked = ties[rng.integers(0, ties.size, size=n)].astype(np.int64) + rng.integers(-64, 65, size=n)
+    near = np.clip(picked, 0, ABS).astype(np.uint32)
+    sign = rng.integers(0, 2, size=n).astype(np.uint32) << 31
+    u = np.where(kind == 0, random, np.where(kind == 1, in_range, near) | sign)
+    labels = np.array(["random", "in range", "near a tie"])[kind]
+    counts = {g: int((labels == g).sum()) for g in ("random", "in range", "near a tie") if (labels == g).any()}
+    return InputSet(u.astype(np.uint32), labels, counts)
 
 
 def _rounding_fields(u: np.ndarray, fmt: str, bias_shift: int = 0, implicit_in_subnormals: bool = True) -> tuple:
@@ -547,12 +585,14 @@ def _want_codes(inputs: InputSet, fmt: str) -> np.ndarray:
     return bits(formats.hardware_encode(inputs.fp32(_device()), fmt)).astype(np.int64)
 
 
-def check_encode(fn) -> None:
+def check_encode(fn, inputs: InputSet | None = None, shape: tuple | None = None) -> None:
     """q2: ``fn(x, fmt)`` (fp32 tensor -> float8 tensor, fmt "e4m3fn" or "e5m2") matches the hardware
-    conversion bit for bit on :func:`adversarial_fp32`."""
+    conversion bit for bit.
+
+    ``inputs`` (default :func:`adversarial_fp32`) are passed as one tensor of ``shape`` (default 1-D)."""
     question, name = "q2", "fp32_to_fp8 (your kernel's launcher)"
-    inputs = adversarial_fp32()
-    x = inputs.fp32(_device())
+    inputs = inputs if inputs is not None else adversarial_fp32()
+    x = inputs.fp32(_device()).reshape(shape if shape is not None else -1)
     keep = bits(x).copy()
     lines, total = [], inputs.bits.size
     for fmt in FP8:
@@ -567,7 +607,7 @@ def check_encode(fn) -> None:
             )
         if not np.array_equal(bits(x), keep):
             raise AssertionError(f"{question}: the kernel wrote into its input x; store into y_ptr only")
-        got, want = bits(out).astype(np.int64), _want_codes(inputs, fmt)
+        got, want = bits(out).astype(np.int64).reshape(-1), _want_codes(inputs, fmt)
         bad = np.flatnonzero(got != want)
         if not bad.size:
             continue
@@ -617,18 +657,19 @@ def _same(a, b) -> bool:
         return False
 
 
-def check_format_table(fn) -> None:
-    """q3: ``fn(fmt)`` returns a dict with :data:`TABLE_KEYS` equal to :func:`kernels.formats.properties`."""
+def check_format_table(fn, fmts: tuple = SMALL_FORMATS) -> None:
+    """q3: ``fn(fmt)`` returns a dict with :data:`TABLE_KEYS` equal to :func:`kernels.formats.properties`,
+    for every format of ``fmts`` (formats of at most 16 bits)."""
     question, name = "q3", "format_properties"
-    problems = []
-    for f in SMALL_FORMATS:
+    problems, truths = [], {f.name: formats.properties(f) for f in fmts}
+    for f in fmts:
         row = call_student(fn, f, name=name, question=question)
         if not isinstance(row, dict):
             raise AssertionError(f"{question}: wrong type: {name} returned {type_name(row)}, want a dict")
         missing = [k for k in TABLE_KEYS if k not in row]
         if missing:
             raise AssertionError(f"{question}: {name}({f.name}) returned a dict without {missing}")
-        truth = formats.properties(f)
+        truth = truths[f.name]
         for key in TABLE_KEYS:
             got, want = row[key], getattr(truth, key)
             if isinstance(got, torch.Tensor):
@@ -636,12 +677,13 @@ def check_format_table(fn) -> None:
             if not _same(got, want):
                 problems.append((f.name, key, got, want))
     if not problems:
+        shown = "" if fmts is SMALL_FORMATS else f" ({', '.join(f.name for f in fmts)})"
         print(
-            f"{question} passed: {name} matches kernels.formats.properties on {len(SMALL_FORMATS)} formats "
+            f"{question} passed: {name} matches kernels.formats.properties on {len(fmts)} formats{shown} "
             f"x {len(TABLE_KEYS)} properties"
         )
         return
-    lines = [f"{question}: {name} is wrong in {len(problems)} of {len(SMALL_FORMATS) * len(TABLE_KEYS)} entries"]
+    lines = [f"{question}: {name} is wrong in {len(problems)} of {len(fmts) * len(TABLE_KEYS)} entries"]
     for key in TABLE_KEYS:
         wrong = [p for p in problems if p[1] == key]
         if not wrong:
@@ -652,7 +694,7 @@ def check_format_table(fn) -> None:
         got0, want0 = wrong[0][2], wrong[0][3]
         if key == "max_finite" and isinstance(got0, float) and not math.isfinite(got0):
             hint = "inf or NaN got into the max: " + hint
-        elif key == "min_normal" and any(p[2] == formats.properties(p[0]).min_subnormal for p in wrong):
+        elif key == "min_normal" and any(p[2] == truths[p[0]].min_subnormal for p in wrong):
             hint = "that is a subnormal; " + hint
         elif key == "epsilon" and isinstance(got0, float) and want0 and got0 == 2 * want0:
             hint = "twice too large; " + hint
@@ -699,11 +741,12 @@ def _byte_ranges(codes) -> str:
     return ", ".join(parts)
 
 
-def check_fnuz_vs_ocp(fn) -> None:
-    """q4: ``fn(ocp, fnuz)`` -> (differing bytes, differing bytes not explained by a factor of 2)."""
+def check_fnuz_vs_ocp(fn, pairs: tuple = FNUZ_PAIRS) -> None:
+    """q4: ``fn(ocp, fnuz)`` -> (differing bytes, differing bytes not explained by a factor of 2), for
+    every pair of 8-bit formats with the same fields in ``pairs``."""
     question, name = "q4", "fnuz_vs_ocp"
     summary, problems = [], []
-    for ocp, fnuz in FNUZ_PAIRS:
+    for ocp, fnuz in pairs:
         out = call_student(fn, ocp, fnuz, name=name, question=question)
         if not isinstance(out, tuple | list) or len(out) != 2:
             raise AssertionError(f"{question}: {name} must return two lists (differ, not_halved), got {type_name(out)}")
@@ -730,9 +773,10 @@ def check_fnuz_vs_ocp(fn) -> None:
             elif what == "not_halved" and extra:
                 msg += " (halved means fnuz == ocp / 2; NaN, inf and -0 are where that fails)"
             problems.append(msg)
+        which = f" ({_byte_ranges(want_not_halved)})" if want_not_halved else ""
         summary.append(
-            f"{pair} differ on {len(want_differ)} of 256 bytes, {len(want_not_halved)} of them not by a factor of 2 "
-            f"({_byte_ranges(want_not_halved)})"
+            f"{pair} differ on {len(want_differ)} of 256 bytes, {len(want_not_halved)} of them not by a factor of 2"
+            + which
         )
     if problems:
         raise AssertionError(f"{question}: {name} is wrong\n" + "\n".join(f"  - {p}" for p in problems))
@@ -791,4 +835,6 @@ __all__ = [
     "diagnose_encode",
     "encode_variant",
     "fnuz_vs_ocp_reference",
+    "fresh_encode_inputs",
+    "shuffled_codes",
 ]
