@@ -4,8 +4,9 @@
 
 The solutions of ``tests/test_checks_labNN.py`` (``STUDENT_SOLUTIONS``, ``WRONG_SOLUTIONS``,
 ``HIDDEN_CATCHES``) live in a second process, served by :func:`kernels.grade_rpc.serve` as a sandbox
-serves a notebook's names; this process runs the question's otter test against :class:`kernels.grade_rpc.Remote` proxies of them, as
-the grader's judge does.  Both run in CPU mode, as the grader does on any machine.
+serves a notebook's names; this process runs the question's otter test against
+:class:`kernels.grade_rpc.Remote` proxies of them, as the grader's judge does.  Both run in CPU mode,
+as the grader does on any machine.
 """
 
 import contextlib

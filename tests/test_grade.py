@@ -266,7 +266,7 @@ def test_the_real_labs_carry_their_tests():
 
 
 def test_the_real_labs_carry_hidden_tests():
-    lab = grade.load_labs()["00_bf16_rounding"]
+    lab = grade.load_labs(ROOT / "labs", ROOT / "solutions")["00_bf16_rounding"]
     assert lab.source == "labs/00_bf16_rounding.ipynb + hidden_tests/00_bf16_rounding/"
     assert [row[:4] for row in lab.summary()] == [("q1", 2.0, 1, 1), ("q2", 3.0, 1, 1)]
     assert str(ROOT / "solutions") in lab.secret

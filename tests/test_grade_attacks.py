@@ -328,7 +328,8 @@ def _grade_the_attacks(folder: Path) -> dict:
     before = {str(p): _digest(p) for p in subs.rglob("*.ipynb") if not p.is_symlink()}
     out = folder / "grades"
     limits = grade.Limits(**LIMITS, namespaces=SANDBOX)
-    labs = {LAB: grade.load_labs()[LAB]}  # public and hidden tests, as an instructor grades
+    # public and hidden tests, as an instructor grades; this checkout's, wherever the package is installed from
+    labs = {LAB: grade.load_labs(ROOT / "labs", ROOT / "solutions")[LAB]}
     results = grade.grade([subs], out, labs=labs, jobs=2, limits=limits, progress=False)
     by_student = {}
     for r in results:
