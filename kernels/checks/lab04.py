@@ -146,9 +146,10 @@ def check_unscale(fn, seed=4, shapes=UNSCALE_SHAPES, scales=(2.0**-16, 1 / 3), p
         ours, ref, found, _ = _run_unscale(fn, poisoned, 0.5)
         poisonings += 1
         spot = "its last element" if element == -1 else f"element {element} of {poisoned[where].numel()}"
+        article = "a" if kind == "NaN" else "an"
         if found != 1.0:
             problems.append(
-                f"found_inf is {found} after a {kind} in grads[{where}] ({spot}): it must be set to 1.0"
+                f"found_inf is {found} after {article} {kind} in grads[{where}] ({spot}): it must be set to 1.0"
                 + (" (NaN != NaN: test x != x, or use an isfinite-style check)" if kind == "NaN" else "")
             )
         for a, b in zip(ours, ref, strict=True):
