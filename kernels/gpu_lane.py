@@ -1,6 +1,6 @@
 """The GPU lane: every test and notebook run compiled on a CUDA GPU, and a record of the outcome that CI reads.
 
-    python -m kernels.gpu_lane                        # both parts, on a CUDA GPU
+    python -m kernels.gpu_lane                        # both parts side by side, on a CUDA GPU
     python -m kernels.gpu_lane --part tests -n 8      # one part (each takes several minutes)
     python -m kernels.gpu_lane --part notebooks
     python -m kernels.gpu_lane --part tests -- -k fp8 # extra pytest arguments: results printed, no record
@@ -17,9 +17,16 @@ of every notebook.  ``--check``
 and ``tests/test_gpu_lane.py`` compare that hash with the tree, so a record cannot vouch for code it never
 ran.  A part is merged into an existing record only if that record is for the same tree and stack;
 otherwise the other part is dropped and has to be run again.
+
+Both parts (the default) run side by side, their workers splitting the CPUs (:func:`split_workers`), each
+pytest's output in its own log; each part is written to the record as soon as it ends, so a run cut short
+keeps the part it finished, and the other can be run alone.  Each part's record also names its slowest
+items and files.
 """
 
 import argparse
+import concurrent.futures
+import contextlib
 import datetime
 import hashlib
 import json
@@ -183,8 +190,36 @@ def environment(root) -> dict:
     return {**env, "date": _now(), "python": platform.python_version(), "commit": commit, "sha256": tree_sha256(root)}
 
 
-def run_part(root, name: str, workers: int, extra: list) -> dict:
-    """Run one part under pytest (a subprocess, in ``root``) and return its record."""
+def split_workers(workers: int) -> dict:
+    """Workers for each part when both run side by side (``--part all``): about 3 in 8 to the notebooks.
+
+    Run one after the other, the parts take about 1,040 s on an H200 with 16 workers, and much of it is
+    spent waiting on a few long notebooks and grader tests while other cores idle; side by side, 10 and
+    6 workers finished both in about 500 s."""
+    nb = max(1, round(workers * 3 / 8))
+    return {"tests": max(1, workers - nb), "notebooks": nb}
+
+
+def slowest(path, n: int = 10) -> dict:
+    """The ``n`` slowest items and files of a pytest junit XML, as [id, seconds] pairs, slowest first:
+    where the part's time went, for whoever makes the lane faster."""
+    items, files = [], {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        t = float(case.get("time") or 0.0)
+        file, name = case.get("file") or case.get("classname", ""), case.get("name", "")
+        items.append((t, f"{file}::{name}"))
+        files[file] = files.get(file, 0.0) + t
+    top = sorted(items, key=lambda x: (-x[0], x[1]))[:n]
+    by_file = sorted(files.items(), key=lambda x: (-x[1], x[0]))[:n]
+    return {"slowest": [[i, round(t, 1)] for t, i in top], "slowest_files": [[f, round(t, 1)] for f, t in by_file]}
+
+
+def run_part(root, name: str, workers: int, extra: list, threads: int = 1, log=None) -> dict:
+    """Run one part under pytest (a subprocess, in ``root``) and return its record.
+
+    Each worker gets ``threads`` CPU threads for torch and OpenMP (``OMP_NUM_THREADS``, unless set), so
+    that workers side by side do not oversubscribe the cores; ``log``, a path, takes pytest's output
+    (when two parts run at once), else it goes to this process's."""
     # Tests are spread one by one (a file of grader runs would otherwise hold one worker for minutes);
     # a notebook's cells share one kernel, so notebooks go whole.
     dist = "loadfile" if name == "notebooks" else "worksteal"  # worksteal: a long test does not hold up a queue
@@ -194,14 +229,20 @@ def run_part(root, name: str, workers: int, extra: list) -> dict:
     notebooks = ["--nbval-lax", "--nbval-kernel-startup-timeout=300"]
     flags += notebooks if name == "notebooks" else [f"--deselect={d}" for d in DESELECT]
     shown = ["python", "-m", "pytest", *flags, *extra, *PARTS[name]]
-    print(f"gpu lane, part {name}: {' '.join(shown)}", flush=True)
+    where = f" (output in {log})" if log else ""
+    print(f"gpu lane, part {name}: {' '.join(shown)}{where}", flush=True)
+    env = {**os.environ}
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, str(threads))
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", *flags, "-o", "junit_family=xunit1", f"--junitxml={junit}"]
         date, start = _now(), time.perf_counter()
-        rc = subprocess.run([*cmd, *extra, *PARTS[name]], cwd=root).returncode
-        wall = time.perf_counter() - start
+        with open(log, "w") if log else contextlib.nullcontext() as out:
+            proc = subprocess.run([*cmd, *extra, *PARTS[name]], cwd=root, env=env, stdout=out, stderr=out)
+        rc, wall = proc.returncode, time.perf_counter() - start
         found = parse_junit(junit) if junit.exists() else {"passed": [], "failed": [], "skipped": {}}
+        times = slowest(junit) if junit.exists() else {"slowest": [], "slowest_files": []}
     if rc != 0 and not found["failed"]:  # interrupted, internal error, nothing collected: not clean
         found["failed"].append(f"pytest: exit status {rc}" + ("" if junit.exists() else ", no junit report"))
     counts = {k: len(found[k]) for k in ("passed", "failed", "skipped")}
@@ -212,6 +253,8 @@ def run_part(root, name: str, workers: int, extra: list) -> dict:
     )
     for tid in found["failed"]:
         print(f"  FAILED {tid}", flush=True)
+    for tid, t in times["slowest_files"][:5]:
+        print(f"  {t:7.1f} s  {tid}", flush=True)
     return {
         "command": " ".join(shown),
         "counts": counts,
@@ -222,6 +265,7 @@ def run_part(root, name: str, workers: int, extra: list) -> dict:
         "skipped": found["skipped"],
         "wall_s": round(wall, 1),
         "workers": workers,
+        **times,
     }
 
 
@@ -249,6 +293,9 @@ def main(argv=None) -> int:
     parser.add_argument("-n", "--workers", type=int, default=min(os.cpu_count() or 1, 16), help="pytest-xdist workers")
     parser.add_argument("--check", action="store_true", help=f"only say whether {RECORD} is fresh and clean")
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository's root (default: this checkout)")
+    parser.add_argument(
+        "--logs", type=Path, help="where pytest's output goes when both parts run side by side (default: the temp dir)"
+    )
     args = parser.parse_args(argv)
     if args.check:
         code, line = check(args.root)
@@ -261,25 +308,47 @@ def main(argv=None) -> int:
         return 2
     env = environment(args.root)
     names = list(PARTS) if args.part == "all" else [args.part]
-    parts = {name: run_part(args.root, name, args.workers, extra) for name in names}
-    failed = any(p["failed"] for p in parts.values())
+    side_by_side = len(names) > 1 and args.workers >= 2
+    plan = split_workers(args.workers) if side_by_side else {name: args.workers for name in names}
+    busy = sum(plan.values()) if side_by_side else max(plan.values())  # workers running at once
+    threads = max(1, (os.cpu_count() or 1) // busy)  # CPU threads for each
+    logs = args.logs if args.logs is not None else Path(tempfile.gettempdir())
+    path = args.root / RECORD
+    failed = False
+
+    def record(name, part):  # each part goes into the record as it ends: a run cut short keeps what it finished
+        nonlocal failed
+        failed = failed or bool(part["failed"])
+        if extra:
+            return
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            rec = None
+        rec, dropped = merge(rec, name, part, env)
+        if dropped:
+            print(f"kernels.gpu_lane: dropped part {', '.join(dropped)} of {RECORD}: it was for another tree or stack")
+        path.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+        print(f"wrote part {name} to {path}", flush=True)
+
+    if side_by_side:
+        logs.mkdir(parents=True, exist_ok=True)
+        with concurrent.futures.ThreadPoolExecutor(len(plan)) as pool:
+            running = {
+                pool.submit(run_part, args.root, name, n, extra, threads, logs / f"gpu_lane_{name}.log"): name
+                for name, n in plan.items()
+            }
+            for done in concurrent.futures.as_completed(running):
+                record(running[done], done.result())
+    else:
+        for name, n in plan.items():
+            record(name, run_part(args.root, name, n, extra, threads))
     if tree_sha256(args.root) != env["sha256"]:
         print("kernels.gpu_lane: covered files changed while the lane ran; the record keeps the hash from before it")
     if extra:
         print(f"kernels.gpu_lane: extra pytest arguments {extra} run a subset, so {RECORD} is left as it was")
-        return int(failed)
-    path = args.root / RECORD
-    try:
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError):
-        rec = None
-    for name, part in parts.items():
-        rec, dropped = merge(rec, name, part, env)
-        if dropped:
-            print(f"kernels.gpu_lane: dropped part {', '.join(dropped)} of {RECORD}: it was for another tree or stack")
-    path.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {path}")
-    print(check(args.root)[1])
+    else:
+        print(check(args.root)[1])
     return int(failed)
 
 

@@ -5,6 +5,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 
 import nbformat
 import pytest
@@ -230,7 +232,7 @@ def test_the_lane_writes_and_merges_its_record(tree, monkeypatch):
     env |= {"date": "2026-01-02T03:04:05+00:00", "commit": None, "sha256": gpu_lane.tree_sha256(tree)}
     ran = []
 
-    def run_part(root, name, workers, extra):
+    def run_part(root, name, workers, extra, threads=1, log=None):
         ran.append((name, workers, extra))
         return {"counts": {"passed": 3, "failed": 0, "skipped": 0}, "failed": [], "skipped": {}, "workers": workers}
 
@@ -249,3 +251,104 @@ def test_the_lane_writes_and_merges_its_record(tree, monkeypatch):
     assert code == 0 and "6 passed" in line, line
     n = min(os.cpu_count(), 16)
     assert ran == [("tests", n, ["-k", "fp8"]), ("tests", 3, []), ("notebooks", n, [])]
+
+
+def _fake_lane(tree, monkeypatch, run_part):
+    env = {"device": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0", "triton": "3.6.0", "python": "3.12.3"}
+    env |= {"date": "2026-01-02T03:04:05+00:00", "commit": None, "sha256": gpu_lane.tree_sha256(tree)}
+    monkeypatch.setattr(gpu_lane, "refusal", lambda: "")
+    monkeypatch.setattr(gpu_lane, "environment", lambda root: env)
+    monkeypatch.setattr(gpu_lane, "run_part", run_part)
+
+
+def test_both_parts_run_side_by_side_and_each_is_kept_as_it_ends(tree, monkeypatch, tmp_path):
+    ran, started = {}, threading.Barrier(2, timeout=10)
+
+    def run_part(root, name, workers, extra, threads=1, log=None):
+        ran[name] = (workers, threads, log)
+        started.wait()  # both are running before either ends
+        if name == "notebooks":
+            time.sleep(0.3)
+            raise KeyboardInterrupt  # cut short, as by a time limit
+        return {"counts": {"passed": 3, "failed": 0, "skipped": 0}, "failed": [], "skipped": {}, "workers": workers}
+
+    _fake_lane(tree, monkeypatch, run_part)
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_lane.main(["-n", "16", "--root", str(tree), "--logs", str(tmp_path / "logs")])
+    assert ran == {
+        "tests": (10, 2, tmp_path / "logs" / "gpu_lane_tests.log"),
+        "notebooks": (6, 2, tmp_path / "logs" / "gpu_lane_notebooks.log"),
+    }
+    rec = json.loads((tree / gpu_lane.RECORD).read_text())
+    assert list(rec["parts"]) == ["tests"], "the part that ended is in the record, the one cut short is not"
+    assert gpu_lane.check(tree)[0] == 2
+
+
+def test_workers_split_between_the_parts():
+    assert gpu_lane.split_workers(16) == {"tests": 10, "notebooks": 6}
+    assert gpu_lane.split_workers(2) == {"tests": 1, "notebooks": 1}
+    for n in range(2, 65):
+        split = gpu_lane.split_workers(n)
+        assert sum(split.values()) == n and min(split.values()) >= 1 and split["tests"] >= split["notebooks"]
+
+
+def test_a_part_caps_threads_logs_its_output_and_names_its_slowest(tree, monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run(cmd, cwd, env, stdout, stderr):
+        seen.update(env=env, out=stdout)
+        junit = next(a for a in cmd if a.startswith("--junitxml=")).split("=", 1)[1]
+        pathlib.Path(junit).write_text(JUNIT)
+        print("pytest's output", file=stdout)
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(gpu_lane.subprocess, "run", fake_run)
+    part = gpu_lane.run_part(tree, "tests", 4, [], threads=3, log=tmp_path / "tests.log")
+    assert seen["env"]["OMP_NUM_THREADS"] == "3" and seen["env"]["MKL_NUM_THREADS"] == "3"
+    assert (tmp_path / "tests.log").read_text() == "pytest's output\n"
+    assert part["counts"] == {"passed": 2, "failed": 3, "skipped": 2} and part["returncode"] == 1
+    assert part["slowest"][0] == ["book/01_formats.ipynb::Cell 3", 1.0]
+    assert part["slowest_files"][:2] == [["book/01_formats.ipynb", 1.0], ["tests/test_fp8.py", 0.3]]
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    gpu_lane.run_part(tree, "tests", 4, [], threads=3)
+    assert seen["env"]["OMP_NUM_THREADS"] == "5" and seen["out"] is None, "a thread count the user set is kept"
+
+
+def _root_conftest():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_kernel_that_dies_while_starting_is_started_again():
+    import nbval.kernel
+
+    assert nbval.kernel.start_new_kernel.starts_again, "this session's nbval starts dying kernels again"
+    starts = _root_conftest()._starting_again
+    tries = []
+
+    def dies(times, error="Kernel died before replying to kernel_info"):
+        def start(**kwargs):
+            tries.append(kwargs)
+            if len(tries) <= times:
+                raise RuntimeError(error)
+            return "km", "kc"
+
+        return start
+
+    with pytest.warns(UserWarning, match="died while starting"):
+        assert starts(dies(2))(kernel_name="python3") == ("km", "kc")
+    assert tries == [{"kernel_name": "python3"}] * 3
+    tries.clear()
+    with pytest.raises(RuntimeError, match="died before replying"), pytest.warns(UserWarning):
+        starts(dies(3))()
+    assert len(tries) == 3, "three deaths are an error"
+    tries.clear()
+    with pytest.raises(RuntimeError, match="no such kernel"):
+        starts(dies(1, "no such kernel"))()
+    assert len(tries) == 1, "only a kernel that died is started again"
