@@ -228,17 +228,13 @@ def test_the_lane_refuses_the_interpreter(monkeypatch, capsys):
 
 
 def test_the_lane_writes_and_merges_its_record(tree, monkeypatch):
-    env = {"device": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0", "triton": "3.6.0", "python": "3.12.3"}
-    env |= {"date": "2026-01-02T03:04:05+00:00", "commit": None, "sha256": gpu_lane.tree_sha256(tree)}
     ran = []
 
     def run_part(root, name, workers, extra, threads=1, log=None):
         ran.append((name, workers, extra))
         return {"counts": {"passed": 3, "failed": 0, "skipped": 0}, "failed": [], "skipped": {}, "workers": workers}
 
-    monkeypatch.setattr(gpu_lane, "refusal", lambda: "")
-    monkeypatch.setattr(gpu_lane, "environment", lambda root: env)
-    monkeypatch.setattr(gpu_lane, "run_part", run_part)
+    _fake_lane(tree, monkeypatch, run_part)
     path = tree / gpu_lane.RECORD
     assert gpu_lane.main(["--part", "tests", "--root", str(tree), "--", "-k", "fp8"]) == 0
     assert not path.exists(), "a run restricted by extra pytest arguments writes no record"
