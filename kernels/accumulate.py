@@ -26,18 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
 from kernels import hopper_mma
+from kernels.device import check_device, default_device
 
 ACCUMULATORS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 _TL = {"fp16": tl.float16, "bf16": tl.bfloat16, "fp32": tl.float32}
 LANES = 16
 BLOCK_M = 16
-
-
-def _device_ok(t: torch.Tensor, name: str):
-    if not kernels.INTERPRETER and t.device.type != "cuda":
-        raise ValueError(f"{name} is on {t.device}, but Triton compiles for the GPU here: pass {name}.cuda()")
 
 
 # -- dot products with a chosen accumulator ---------------------------------------------------------
@@ -110,7 +105,7 @@ def _check_dot_args(a, b, acc, compensated, lanes, on_device: bool = True):
     if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 2 or lanes & (lanes - 1):
         raise ValueError(f"lanes must be a power of two >= 2, got {lanes!r}")
     if on_device:
-        _device_ok(a, "a")
+        check_device(a, "a")
 
 
 def dot(
@@ -255,7 +250,7 @@ def _check_fp8_args(a, b, promote_every, block_k, on_device: bool = True):
             f"promote_every must be None or a positive multiple of block_k={block_k}, got {promote_every!r}"
         )
     if on_device:
-        _device_ok(a, "a")
+        check_device(a, "a")
 
 
 def _pad_k(a, b, multiple):
@@ -380,7 +375,7 @@ def accumulator_probe(matmul, positions=PROBE_POSITIONS, ratios=PROBE_RATIOS) ->
     the kernels' device and returns fp32 (M, N).  An fp32 result holds at most 23 (24 significant
     bits), which is what an exact or fp32 accumulator gives."""
     a, b, exact = probe_inputs(positions, ratios)
-    dev = "cpu" if kernels.INTERPRETER else "cuda"
+    dev = default_device()
     got = matmul(a.to(dev), b.to(dev)).detach().cpu().double()
     kept = {}
     for n, p in enumerate(positions):

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels.device import sm_facts
+from kernels.device import check_device, default_device, sm_facts
 
 # -- tuning constants ---------------------------------------------------------------------------------
 
@@ -60,17 +60,6 @@ RMSNORM_BWD_PROGRAMS_PER_SM = 2  # persistent backward programs per SM, each own
 RMSNORM_BWD_PROGRAMS_CPU = 4  # the interpreter runs programs one after another: few and long is faster
 RMSNORM_DW_BLOCK_N = 128  # columns per program of the second dW reduction
 RMSNORM_DW_BLOCK_G = 64  # partial rows summed per iteration there
-
-
-def _device() -> str:
-    return "cpu" if kernels.INTERPRETER else "cuda"
-
-
-def _check_device(t: torch.Tensor, name: str) -> None:
-    want = _device()
-    if t.device.type != want:
-        where = "the CPU (Triton interpreter)" if want == "cpu" else "a CUDA GPU"
-        raise ValueError(f"{name}: Triton runs on {where} here, but the tensor is on {t.device}")
 
 
 # -- 1. fused unscale + inf/NaN check ----------------------------------------------------------------
@@ -219,7 +208,7 @@ def foreach_non_finite_check_and_unscale_(grads, found_inf: torch.Tensor, inv_sc
         spans.append((g.data_ptr(), g.numel(), _DTYPE_CODES[g.dtype]))
     if not spans:
         return
-    _check_device(found_inf, "found_inf")
+    check_device(found_inf, "found_inf")
     table = _block_table(spans, chunk, found_inf.device)
     aligned = all(address % 16 == 0 for address, _, _ in spans)
     block = min(UNSCALE_BLOCK, triton.next_power_of_2(chunk))
@@ -598,8 +587,8 @@ def _check_norm_inputs(x, weight, eps):
         raise ValueError("x: the normalised dimension is empty")
     if not (eps >= 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be a finite non-negative number, got {eps}")
-    _check_device(x, "x")
-    _check_device(weight, "weight")
+    check_device(x, "x")
+    check_device(weight, "weight")
 
 
 def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6):
@@ -749,7 +738,7 @@ def layernorm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     _check_norm_inputs(x, weight, eps)
     if not isinstance(bias, torch.Tensor) or bias.shape != weight.shape or bias.dtype not in _NORM_DTYPES:
         raise ValueError(f"bias must be a float tensor shaped like weight {tuple(weight.shape)}")
-    _check_device(bias, "bias")
+    check_device(bias, "bias")
     n = x.shape[-1]
     x2 = x.reshape(-1, n)  # (M, N)
     if x2.stride(-1) != 1:
@@ -959,7 +948,7 @@ def train(recipe: str, steps=300, batch=64, lr=3e-3, seed=0, model_args=None, st
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {list(RECIPES)}, got {recipe!r}")
     autocast_dtype, param_dtype, scaling = RECIPES[recipe]
-    device = device or _device()
+    device = device or default_device()
     step_fn = step_fn or train_step
     ids, vocab = load_corpus()
     torch.manual_seed(seed)

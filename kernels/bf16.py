@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
 from kernels import formats
+from kernels.device import check_device
 
 # One program handles BLOCK elements.  The work per element is a handful of integer ops, so the
 # kernel is bound by memory traffic; 1024 elements (4 KiB in, 2 KiB out) per program keep enough
@@ -63,8 +63,7 @@ def _check_fp32(x, name: str) -> torch.Tensor:
         raise TypeError(f"{name} must be a torch.Tensor of dtype torch.float32, got {type(x).__name__}")
     if x.dtype != torch.float32:
         raise TypeError(f"{name} must have dtype torch.float32, got {x.dtype}")
-    if not kernels.INTERPRETER and x.device.type != "cuda":
-        raise ValueError(f"{name} is on {x.device}, but Triton compiles for the GPU here: pass {name}.cuda()")
+    check_device(x, name)
     return x.contiguous()
 
 

@@ -1,8 +1,11 @@
-"""What this machine runs natively, in one place.
+"""Where kernels run on this machine, and what it runs natively, in one place.
 
-Notebooks call :func:`report` first (numerics depend on device, torch and triton) and use
-:func:`capabilities` to pick a path, or :func:`gpu_only` to skip a GPU-only cell with a one-line
-reason instead of an error.
+Every chapter and lab uses it.  :func:`default_device` is the device for tensors (the package, the
+tests and the notebooks ask it rather than writing the expression themselves) and :func:`check_device`
+the one argument check for it.  Notebooks call :func:`report` first (numerics depend on device, torch
+and triton) and use :func:`capabilities` to pick a path, or :func:`gpu_only` to skip a GPU-only cell
+with a one-line reason instead of an error; :func:`gpu_environment` is what a recorded GPU result
+depends on.
 """
 
 import datetime
@@ -14,6 +17,25 @@ import torch
 import triton
 
 import kernels
+
+
+def default_device() -> str:
+    """Where the package's kernels run, and where callers should put their tensors: ``"cpu"`` in CPU
+    mode (Triton's interpreter), ``"cuda"`` when Triton compiles for the GPU."""
+    return "cpu" if kernels.INTERPRETER else "cuda"
+
+
+def check_device(t: torch.Tensor, name: str) -> None:
+    """Refuse a tensor argument that is not on :func:`default_device`, naming ``name`` and the fix.
+
+    The same rule in both modes: compiled Triton cannot read a CPU tensor, and CPU mode's corrections
+    are written for tensors in host memory.
+    """
+    want = default_device()
+    if t.device.type != want:
+        if want == "cuda":
+            raise ValueError(f"{name} is on {t.device}, but Triton compiles for the GPU here: pass {name}.cuda()")
+        raise ValueError(f"{name} is on {t.device}, but Triton runs in its CPU interpreter here: pass {name}.cpu()")
 
 
 @dataclass(frozen=True)
@@ -104,3 +126,15 @@ def gpu_environment() -> dict:
         "triton": triton.__version__,
         "date": datetime.date.today().isoformat(),
     }
+
+
+__all__ = [
+    "Capabilities",
+    "capabilities",
+    "check_device",
+    "default_device",
+    "gpu_environment",
+    "gpu_only",
+    "report",
+    "sm_facts",
+]

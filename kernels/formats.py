@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
+from kernels.device import check_device
 
 NAN_POLICIES = ("ieee", "fn", "fnuz", "none")
 
@@ -452,8 +452,8 @@ def _check_encode_args(x, fmt, saturate, on_device: bool = True):
         raise ValueError(f"fmt must be one of {list(ENCODABLE)}, got {name!r}")
     if saturate is not None and not isinstance(saturate, bool):
         raise TypeError(f"saturate must be True, False or None, got {saturate!r}")
-    if on_device and not kernels.INTERPRETER and x.device.type != "cuda":
-        raise ValueError(f"x is on {x.device}, but Triton compiles for the GPU here: pass x.cuda()")
+    if on_device:
+        check_device(x, "x")
     return x.contiguous()
 
 

@@ -57,6 +57,7 @@ import triton.language as tl
 
 import kernels
 from kernels import quantize, stochastic, w4a16_mma
+from kernels.device import check_device, default_device
 from kernels.quantize import _e8m0_scale
 
 # -- formats and constants ------------------------------------------------------------------------
@@ -123,11 +124,6 @@ def _check_fmt(fmt) -> int:
     return FORMATS[fmt]
 
 
-def _check_device(t: torch.Tensor, name: str) -> None:
-    if not kernels.INTERPRETER and t.device.type != "cuda":
-        raise ValueError(f"{name} is on {t.device}, but Triton compiles for the GPU here: pass {name}.cuda()")
-
-
 def _check_input(x, block: int, name: str = "x", kernel: bool = True) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -138,7 +134,7 @@ def _check_input(x, block: int, name: str = "x", kernel: bool = True) -> torch.T
     if x.shape[-1] % block:
         raise ValueError(f"{name}'s last dimension must be a multiple of the block size {block}, got {x.shape[-1]}")
     if kernel:  # the references run on any device
-        _check_device(x, name)
+        check_device(x, name)
     return x.contiguous()
 
 
@@ -220,7 +216,7 @@ _FAST_DECODE_OK = {}
 def fast_decode_ok(device=None) -> bool:
     """Whether :func:`_e2m1_to_bf16_fast` gives the exact E2M1 values on ``device`` (checked once, by
     running it on all 16 codes): it relies on bf16 subnormals surviving a multiplication."""
-    device = device or ("cpu" if kernels.INTERPRETER else "cuda")
+    device = device or default_device()
     key = str(device)
     if key not in _FAST_DECODE_OK:
         out = torch.empty(16, dtype=torch.bfloat16, device=device)
@@ -593,7 +589,7 @@ def quantize_fp4_reference(
     mag = (xg * inv[..., None]).abs().clamp(max=E2M1_MAX)
     if stochastic_rounding:
         # the Philox words come from a Triton kernel: on the GPU when there is one, then moved to x
-        r = stochastic.random_bits(m * k, seed, device="cpu" if kernels.INTERPRETER else "cuda")
+        r = stochastic.random_bits(m * k, seed, device=default_device())
         r = r.to(x.device).reshape(m, k // bs, bs)
         c = e2m1_stochastic_reference(mag, r)
     else:
@@ -667,7 +663,7 @@ def dequantize_fp4(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
     bs = _check_fp4(t)
     if out_dtype not in INPUT_DTYPES:
         raise ValueError(f"out_dtype must be torch.float32, torch.bfloat16 or torch.float16, got {out_dtype}")
-    _check_device(t.q, "t.q")
+    check_device(t.q, "t.q")
     q2 = t.q.reshape(-1, t.q.shape[-1]).contiguous()
     s2 = t.s.reshape(-1, t.s.shape[-1]).contiguous().view(torch.uint8)
     m, k = q2.shape[0], q2.shape[1] * 2
@@ -835,7 +831,7 @@ def w4a16_matmul(
             f"config must be (BLOCK_N >= 16, BLOCK_K a multiple of the block size {bs}, GATHER, num_warps, "
             f"num_stages), got {config!r}"
         )
-    _check_device(a, "a")
+    check_device(a, "a")
     if a.device != w.q.device:
         raise ValueError(f"a is on {a.device} but the weight is on {w.q.device}")
     a2 = a.reshape(-1, k).contiguous()
@@ -918,7 +914,7 @@ def w4a16_dot_scaled(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
     bm, bn, bk, warps = DOT_SCALED_CPU_CONFIG if kernels.INTERPRETER else DOT_SCALED_CONFIG
     if a.shape[1] != k or k % bk:
         raise ValueError(f"a must be (M, K = {k}) with K a multiple of {bk}, got {tuple(a.shape)}")
-    _check_device(a, "a")
+    check_device(a, "a")
     m = a.shape[0]
     a = a.contiguous()
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
@@ -1016,7 +1012,7 @@ def hadamard_rotate(x: torch.Tensor, block: int, signs: torch.Tensor | None = No
     operands of ``a @ w.T`` along K, the product is unchanged: ``(a R)(w R)^T = a R R^T w^T = a w^T``.
     Output in ``x``'s dtype; fp32 accumulation (fp32 inputs: IEEE fp32 dot, no TF32)."""
     x, signs = _check_hadamard(x, block, signs)
-    _check_device(x, "x")
+    check_device(x, "x")
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
     y = torch.empty_like(x2)

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels.device import sm_facts
+from kernels.device import check_device, sm_facts
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -118,8 +118,7 @@ def _check_operand(x, name: str) -> torch.Tensor:
         raise TypeError(f"{name} must have dtype float8_e4m3fn or float8_e5m2, got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows, K), got shape {tuple(x.shape)}")
-    if not kernels.INTERPRETER and x.device.type != "cuda":
-        raise ValueError(f"{name} is on {x.device}, but Triton compiles for the GPU here: pass {name}.cuda()")
+    check_device(x, name)
     if x.stride(1) != 1:
         raise ValueError(
             f"{name} must be K-major (row-major (rows, K), stride(1) == 1), got strides {x.stride()}: "

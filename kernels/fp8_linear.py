@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import kernels
 from kernels import quantize as Q
+from kernels.device import default_device
 from kernels.fp8_gemm import fp8_gemm, fp8_gemm_reference
 
 GRANULARITIES = ("tensor", "row", "block")
@@ -380,7 +380,7 @@ def train_markov(
     """Train :class:`MarkovLM` (bf16 weights, fp32 AdamW state) with its block GEMMs in FP8
     (``fp8_recipe``) or bf16 (None), on the same batches for the same seed.  Returns
     ``(losses, entropy)``: the training loss every ``log_every`` steps and the source's entropy."""
-    device = device or ("cpu" if kernels.INTERPRETER else "cuda")
+    device = device or default_device()
     probs, entropy = markov_source(seed=seed)
     torch.manual_seed(seed)
     model = MarkovLM(probs.shape[1], context, dim, depth, None, device=device)

@@ -24,15 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
 from kernels import formats
+from kernels.device import check_device
 
 E4M3_MAX = 448.0
-
-
-def _device_ok(t: torch.Tensor, name: str):
-    if not kernels.INTERPRETER and t.device.type != "cuda":
-        raise ValueError(f"{name} is on {t.device}, but Triton compiles for the GPU here: pass {name}.cuda()")
 
 
 def _check_2d(x, name, dtypes):
@@ -42,7 +37,7 @@ def _check_2d(x, name, dtypes):
         raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows, N), got shape {tuple(x.shape)}")
-    _device_ok(x, name)
+    check_device(x, name)
 
 
 @triton.jit
@@ -193,7 +188,7 @@ def quantize_fp8(x: torch.Tensor, scale_first: bool = True, guard_zero: bool = T
     """
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
         raise TypeError(f"x must be a torch.float32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-    _device_ok(x, "x")
+    check_device(x, "x")
     x = x.contiguous()
     amax = x.abs().amax() if x.numel() else torch.zeros((), device=x.device)
     if guard_zero:
@@ -289,7 +284,7 @@ def to_bf16(x: torch.Tensor, truncate: bool = False) -> torch.Tensor:
     """fp32 -> bf16 by the conversion instruction; ``truncate=True`` (keep the top 16 bits) is the bug."""
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
         raise TypeError(f"x must be a torch.float32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-    _device_ok(x, "x")
+    check_device(x, "x")
     x = x.contiguous()
     y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     n = x.numel()

@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
+from kernels.device import check_device, default_device
 
 # -- formats and constants ------------------------------------------------------------------------
 
@@ -110,8 +110,7 @@ def _check_input(x, name: str = "x", min_dim: int = 0) -> torch.Tensor:
         raise TypeError(f"{name} must have dtype bfloat16, float16 or float32, got {x.dtype}")
     if x.dim() < min_dim:
         raise ValueError(f"{name} must have at least {min_dim} dimensions, got shape {tuple(x.shape)}")
-    if not kernels.INTERPRETER and x.device.type != "cuda":
-        raise ValueError(f"{name} is on {x.device}, but Triton compiles for the GPU here: pass {name}.cuda()")
+    check_device(x, name)
     return x.contiguous()
 
 
@@ -715,8 +714,7 @@ def dequantize(q: torch.Tensor, s: torch.Tensor, granularity: str, out_dtype=tor
     q2, s2, gm, gk = _dequant_args(q, s, granularity)
     if out_dtype not in INPUT_DTYPES:
         raise ValueError(f"out_dtype must be torch.float32, torch.bfloat16 or torch.float16, got {out_dtype}")
-    if not kernels.INTERPRETER and q.device.type != "cuda":
-        raise ValueError(f"q is on {q.device}, but Triton compiles for the GPU here: pass q.cuda()")
+    check_device(q, "q")
     q2, s2 = q2.contiguous(), s2.contiguous()
     m, k = q2.shape
     y = torch.empty((m, k), dtype=out_dtype, device=q.device)
@@ -811,7 +809,7 @@ class DelayedScaling:
         self.margin = margin
         self.algo = algo
         if device is None:
-            device = "cpu" if kernels.INTERPRETER else "cuda"
+            device = default_device()
         self.amax_history = torch.zeros(history_len, dtype=torch.float32, device=device)
 
     def scale(self) -> torch.Tensor:

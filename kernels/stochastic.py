@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
 from kernels import formats
+from kernels.device import check_device, default_device
 
 TARGETS = ("bf16", "e4m3fn", "e5m2")
 # Elements per program: an elementwise, memory-bound kernel; 8 warps keep 32 elements per thread in flight.
@@ -128,8 +128,8 @@ def _check(x, fmt, seed, saturate, on_device: bool = True):
     _check_seed(seed)
     if saturate is not None and not isinstance(saturate, bool):
         raise TypeError(f"saturate must be True, False or None, got {saturate!r}")
-    if on_device and not kernels.INTERPRETER and x.device.type != "cuda":
-        raise ValueError(f"x is on {x.device}, but Triton compiles for the GPU here: pass x.cuda()")
+    if on_device:
+        check_device(x, "x")
 
 
 def _check_seed(seed):
@@ -183,7 +183,7 @@ def random_bits(n: int, seed: int, device=None) -> torch.Tensor:
     """The Philox words ``tl.randint(seed, i)`` for ``i < n`` (int64 in [0, 2^32)), on the CPU: the
     random bits that :func:`stochastic_round` adds to element ``i``.  ``device`` is where the kernel
     runs (default: the CPU in the interpreter, the GPU otherwise)."""
-    device = device or ("cpu" if kernels.INTERPRETER else "cuda")
+    device = device or default_device()
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
     _check_seed(seed)

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
 from kernels import accumulate
+from kernels.device import default_device
 from kernels.testing import bits
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 
 
 @pytest.mark.parametrize("k", [1, 7, 127, 1003])

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
 from kernels import amp
+from kernels.device import default_device
 from kernels.testing import bits, compare, tolerance
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 

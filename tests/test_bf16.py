@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-import kernels  # noqa: F401  (selects compiled Triton or the corrected interpreter)
+import kernels
 from kernels import bf16
+from kernels.device import default_device
 from kernels.testing import STANDARD_SHAPES, assert_bits_equal, bits, check_kernel
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 IMPLEMENTATIONS = [bf16.fp32_to_bf16_rne, bf16.fp32_to_bf16_reference]
 
 

@@ -21,11 +21,11 @@ import triton
 import triton.language as tl
 from _student import assert_student_solution_passes
 
-import kernels
 from kernels import formats
 from kernels.checks import ExerciseNotDone, lab01, passes
+from kernels.device import default_device
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 ROOT = Path(__file__).resolve().parents[1]
 
 # -- q1: decoders, right and wrong ----------------------------------------------------------------

@@ -139,3 +139,44 @@ def test_gpu_environment_names_what_results_depend_on(monkeypatch):
     )
     monkeypatch.setenv("KERNELS_COMMIT", "abc123")
     assert bench._environment()["commit"] == "abc123"
+
+
+@pytest.mark.parametrize(("interpreter", "want"), [(True, "cpu"), (False, "cuda")])
+def test_default_device_follows_the_mode(monkeypatch, interpreter, want):
+    monkeypatch.setattr(kernels, "INTERPRETER", interpreter)
+    assert device.default_device() == want
+
+
+@pytest.mark.parametrize(
+    ("interpreter", "message"),
+    [
+        (False, r"^w is on cpu, but Triton compiles for the GPU here: pass w\.cuda\(\)$"),
+        (True, r"^w is on cuda, but Triton runs in its CPU interpreter here: pass w\.cpu\(\)$"),
+    ],
+)
+def test_check_device_names_the_argument_and_the_fix(monkeypatch, interpreter, message):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(kernels, "INTERPRETER", interpreter)
+    on = {kind: SimpleNamespace(device=torch.device(kind)) for kind in ("cpu", "cuda")}  # no GPU needed
+    right, wrong = (on["cpu"], on["cuda"]) if interpreter else (on["cuda"], on["cpu"])
+    device.check_device(right, "w")
+    with pytest.raises(ValueError, match=message):
+        device.check_device(wrong, "w")
+
+
+def test_the_device_expression_is_written_once():
+    """Everything asks :func:`kernels.device.default_device`; nothing spells the rule out again."""
+    import re
+    from pathlib import Path
+
+    root = Path(kernels.__file__).resolve().parents[1]
+    rule = re.compile(r"""["']cpu["']\s+if\s+[\w.]*(INTERPRETER|interpreter)\s+else\s+["']cuda["']""")
+    where = [
+        f"{path.relative_to(root)}:{n}"
+        for folder in ("kernels", "tests")
+        for path in sorted((root / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if rule.search(line)
+    ]
+    assert [w.split(":")[0] for w in where] == ["kernels/device.py"], where

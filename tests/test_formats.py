@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
 from kernels import formats
+from kernels.device import default_device
 from kernels.numerics_probe import adversarial_fp32
 from kernels.testing import STANDARD_SHAPES, bits, check_kernel
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 
 ML_DTYPES = {
     "fp32": np.float32,

@@ -16,10 +16,11 @@ import triton.language as tl
 import kernels
 from kernels import formats, stochastic
 from kernels import fp4 as F
+from kernels.device import default_device
 from kernels.quantize import e8m0_to_float
 from kernels.testing import assert_bits_equal, compare, special_inputs
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 
 
 def _cases(shape, dtype, seed=0):

@@ -9,8 +9,9 @@ import kernels
 from kernels import fp8_gemm as G
 from kernels import hopper_mma
 from kernels import quantize as Q
+from kernels.device import default_device
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 
 

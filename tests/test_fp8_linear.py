@@ -5,12 +5,12 @@ state, and train a small model like bf16 does."""
 import pytest
 import torch
 
-import kernels
 from kernels import fp8_gemm as G
 from kernels import fp8_linear as L
 from kernels import quantize as Q
+from kernels.device import default_device
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 
 
 def _data(t=96, i=64, o=48, dy_scale=1e-6, seed=0):

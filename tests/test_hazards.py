@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
 from kernels import hazards
+from kernels.device import default_device
 from kernels.testing import bits
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 
 
 def test_row_mean_fp32_exactish_and_bf16_stagnates():

@@ -16,6 +16,7 @@ import triton.language as tl
 import kernels
 from kernels import _interpreter
 from kernels import numerics_probe as probe
+from kernels.device import default_device
 from kernels.testing import first_mismatches
 
 TABLE = pathlib.Path(__file__).parent / "data" / "hopper_numerics.npz"
@@ -175,7 +176,7 @@ def _reductions_kernel(x_ptr, out_ptr, idx_ptr, scan_ptr, N: tl.constexpr):
 def test_reductions_act_on_values_not_bit_patterns(dtype):
     # Negative bf16 patterns are large unsigned integers: max, argmax and sums of the patterns
     # would all be wrong.  Values chosen so that every partial sum is exact in bf16.
-    dev = "cpu" if kernels.INTERPRETER else "cuda"
+    dev = default_device()
     x = torch.tensor([-3.0, -1.0, 2.5, -7.0, 0.5, 1.0, 2.0, 0.25], dtype=dtype, device=dev)
     out = torch.zeros(3, dtype=dtype, device=dev)
     idx = torch.zeros(2, dtype=torch.int32, device=dev)
@@ -187,7 +188,7 @@ def test_reductions_act_on_values_not_bit_patterns(dtype):
 
 
 def test_bf16_sum_is_rounded_once_from_fp32():
-    dev = "cpu" if kernels.INTERPRETER else "cuda"
+    dev = default_device()
     g = torch.Generator().manual_seed(0)
     x = (torch.rand(256, generator=g) * 0.2 + 1.0).to(torch.bfloat16).to(dev)
     out = torch.zeros(3, dtype=torch.bfloat16, device=dev)

@@ -23,8 +23,9 @@ from triton.compiler.errors import CompilationError
 
 import kernels
 from kernels import _jit_rules
+from kernels.device import default_device
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 COMPILED_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 cpu_only = pytest.mark.skipif(not kernels.INTERPRETER, reason="checks CPU mode's own hooks")
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-import kernels  # noqa: F401  (selects the interpreter on CPU)
 from kernels import quantize as Q
+from kernels.device import default_device
 from kernels.testing import assert_bits_equal, special_inputs
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 ROW_KINDS = ("row", "1x128", "mxfp8")
 
 

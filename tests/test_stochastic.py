@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
 from kernels import formats, stochastic
+from kernels.device import default_device
 from kernels.testing import STANDARD_SHAPES, adversarial_inputs, bits
 
-DEVICE = "cpu" if kernels.INTERPRETER else "cuda"
+DEVICE = default_device()
 FORMATS = stochastic.TARGETS
 
 

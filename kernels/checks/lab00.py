@@ -17,9 +17,9 @@ with one input, what came back and what was wanted.
 import numpy as np
 import torch
 
-import kernels
 from kernels import bf16
 from kernels.checks import InputSet, call_student, constant_output, type_name
+from kernels.device import default_device
 from kernels.testing import STANDARD_SHAPES, bits, check_kernel
 
 ABS = 0x7FFFFFFF
@@ -86,7 +86,7 @@ def adversarial_fp32() -> InputSet:
 
 def _want_bits(inputs: InputSet) -> np.ndarray:
     """The hardware cast's bf16 patterns for the input set, as int64."""
-    device = "cpu" if kernels.INTERPRETER else "cuda"
+    device = default_device()
     return bits(bf16.hardware_bf16(inputs.fp32(device))).astype(np.int64)
 
 
@@ -308,7 +308,7 @@ def check_round_bf16(fn, inputs: InputSet | None = None, shape: tuple | None = N
     ``inputs`` (default :func:`adversarial_fp32`) are passed as one tensor of ``shape`` (default 1-D)."""
     question, name = "q2", "fp32_to_bf16 (your kernel's launcher)"
     inputs = inputs if inputs is not None else adversarial_fp32()
-    device = "cpu" if kernels.INTERPRETER else "cuda"
+    device = default_device()
     x = inputs.fp32(device).reshape(shape if shape is not None else -1)
     keep = bits(x).copy()
     out = call_student(fn, x, name=name, question=question)
@@ -327,7 +327,7 @@ def check_round_bf16(fn, inputs: InputSet | None = None, shape: tuple | None = N
 def check_same_as_package(fn) -> None:
     """``fn`` and ``kernels.bf16.fp32_to_bf16_rne`` agree bit for bit on the standard shapes and inputs of
     ``kernels.testing`` and on every upper half with low halves 0x0000, 0x7FFF, 0x8000, 0x8001, 0xFFFF."""
-    device = "cpu" if kernels.INTERPRETER else "cuda"
+    device = default_device()
 
     def ours(x):
         return call_student(fn, x, name="your converter", question="final check")

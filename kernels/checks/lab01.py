@@ -25,9 +25,9 @@ import math
 import numpy as np
 import torch
 
-import kernels
 from kernels import formats
 from kernels.checks import InputSet, call_student, constant_output, type_name
+from kernels.device import default_device
 from kernels.testing import STANDARD_SHAPES, bits, check_kernel
 
 ABS = 0x7FFFFFFF
@@ -48,10 +48,6 @@ SMALL_FORMATS = (
 )
 FP8 = ("e4m3fn", "e5m2")
 FNUZ_PAIRS = ((formats.E4M3FN, formats.E4M3FNUZ), (formats.E5M2, formats.E5M2FNUZ))
-
-
-def _device() -> str:
-    return "cpu" if kernels.INTERPRETER else "cuda"
 
 
 def _h(v, width=2) -> str:
@@ -582,7 +578,7 @@ def diagnose_encode(u: np.ndarray, got: np.ndarray, want: np.ndarray, fmt: str) 
 
 
 def _want_codes(inputs: InputSet, fmt: str) -> np.ndarray:
-    return bits(formats.hardware_encode(inputs.fp32(_device()), fmt)).astype(np.int64)
+    return bits(formats.hardware_encode(inputs.fp32(default_device()), fmt)).astype(np.int64)
 
 
 def check_encode(fn, inputs: InputSet | None = None, shape: tuple | None = None) -> None:
@@ -592,7 +588,7 @@ def check_encode(fn, inputs: InputSet | None = None, shape: tuple | None = None)
     ``inputs`` (default :func:`adversarial_fp32`) are passed as one tensor of ``shape`` (default 1-D)."""
     question, name = "q2", "fp32_to_fp8 (your kernel's launcher)"
     inputs = inputs if inputs is not None else adversarial_fp32()
-    x = inputs.fp32(_device()).reshape(shape if shape is not None else -1)
+    x = inputs.fp32(default_device()).reshape(shape if shape is not None else -1)
     keep = bits(x).copy()
     lines, total = [], inputs.bits.size
     for fmt in FP8:
@@ -790,7 +786,7 @@ def check_same_as_package(fn) -> None:
     """``fn(x, fmt)`` and :func:`kernels.formats.encode` agree bit for bit for e4m3fn and e5m2 on the
     standard shapes and inputs of ``kernels.testing`` and on every fp32 upper half with the low half
     0x0000 or 0xFFFF."""
-    device = _device()
+    device = default_device()
     upper = np.arange(1 << 16, dtype=np.uint32) << 16
     sweep = (upper[:, None] | np.array([0x0000, 0xFFFF], dtype=np.uint32)).ravel()
     x = torch.from_numpy(sweep.view(np.float32).copy()).to(device)

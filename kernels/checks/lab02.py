@@ -23,17 +23,13 @@ import math
 import numpy as np
 import torch
 
-import kernels
 from kernels import _hopper_math
 from kernels import quantize as Q
 from kernels.checks import call_student, type_name
+from kernels.device import default_device
 
 FMT = "e4m3"
 GROUPS = {"tensor": None, "row": None, "1x128": (1, 128), "128x128": (128, 128), "mxfp8": (1, 32)}
-
-
-def _device() -> str:
-    return "cpu" if kernels.INTERPRETER else "cuda"
 
 
 # -- the fixed inputs ----------------------------------------------------------------------------------
@@ -54,7 +50,7 @@ def lab_input(seed: int = 0) -> torch.Tensor:
     x[11] = -0.75  # all equal
     x[128:, 256:] = 0.0  # an all-zero (partial) 128x128 block
     x[20, 290:] = 3.0e3  # an outlier in the partial last group only
-    return x.to(torch.bfloat16).to(_device())
+    return x.to(torch.bfloat16).to(default_device())
 
 
 def fresh_input(seed: int, shape: tuple) -> torch.Tensor:
@@ -76,7 +72,7 @@ def fresh_input(seed: int, shape: tuple) -> torch.Tensor:
     x[constant] = torch.randn(1, generator=g)
     sign = 1.0 if torch.rand(1, generator=g).item() < 0.5 else -1.0
     x[m - 1, torch.randint(k, (1,), generator=g)] = sign * 1e4
-    return x.reshape(shape).to(torch.bfloat16).to(_device())
+    return x.reshape(shape).to(torch.bfloat16).to(default_device())
 
 
 def tensor_inputs() -> dict:
@@ -380,7 +376,7 @@ def check_per_tensor(quantize_tensor, inputs: dict | None = None) -> None:
     stale, too small) scale, which must saturate."""
     question = "q1"
     n = _check_quantizer(quantize_tensor, "tensor", question, "quantize_tensor", inputs or tensor_inputs())
-    dev = _device()
+    dev = default_device()
     x = torch.tensor([[500.0, -500.0, 9.0, 0.0, 1e6, math.nan]], dtype=torch.bfloat16, device=dev)
     stale = torch.tensor(10.0 / 448.0, device=dev)  # a scale from amax 10
     out = call_student(quantize_tensor, x, stale, name="quantize_tensor(x, S)", question=question)
@@ -468,7 +464,7 @@ def check_delayed_scaling(
     A history of ``history_len`` without margin sees ``update(steady)``, then a spike of ``spike`` (a
     bf16 value above 5 and ``steady``) quantized, then quiet steps until the spike leaves the window;
     a history of 2 with ``margin`` sees ``update(7)``."""
-    question, dev = "q5", _device()
+    question, dev = "q5", default_device()
 
     def make(**kw):
         return call_student(lambda: cls(**kw), name=f"{getattr(cls, '__name__', 'cls')}(**{kw})", question=question)
@@ -609,7 +605,7 @@ def random_e8m0_case(seed: int, shape: tuple) -> tuple:
 
     q = every_byte(m * k).to(torch.uint8).reshape(m, k).view(torch.float8_e4m3fn)
     s = every_byte(m * -(-k // 32)).to(torch.uint8).reshape(m, -(-k // 32))
-    return q.to(_device()), s.to(_device())
+    return q.to(default_device()), s.to(default_device())
 
 
 def check_dequantize(fn, x: torch.Tensor | None = None, e8m0: tuple | None = None) -> None:
@@ -649,7 +645,7 @@ def matmul_inputs(seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(64, 384, generator=g) * torch.tensor([1e-2, 1.0, 1e2]).repeat_interleave(128)
     w = torch.randn(96, 384, generator=g) * torch.tensor([1e2, 1e-1, 1.0]).repeat_interleave(128)
-    dev = _device()
+    dev = default_device()
     aq, as_ = Q.quantize_1x128_reference(a.to(torch.bfloat16).to(dev))
     wq, ws = Q.quantize_128x128_reference(w.to(torch.bfloat16).to(dev))
     return aq, as_, wq, ws
@@ -665,7 +661,7 @@ def fresh_matmul_inputs(seed: int, m: int, n: int, k: int):
     w_mag = 10.0 ** (torch.rand(nb_n, nb_k, generator=g) * 4 - 2)
     a = torch.randn(m, k, generator=g) * a_mag.repeat_interleave(128)[:k]
     w = torch.randn(n, k, generator=g) * w_mag.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-    dev = _device()
+    dev = default_device()
     aq, as_ = Q.quantize_1x128_reference(a.to(torch.bfloat16).to(dev))
     wq, ws = Q.quantize_128x128_reference(w.to(torch.bfloat16).to(dev))
     return aq, as_, wq, ws
@@ -753,7 +749,7 @@ def check_same_as_package(fns: dict) -> None:
     """Each of the student's quantizers, keyed by granularity ("tensor", "row", "1x128", "128x128",
     "mxfp8"), gives the same bits as the package's *kernel* on a larger bf16 input."""
     g = torch.Generator().manual_seed(7)
-    x = (torch.randn(256, 1000, generator=g) * 3).to(torch.bfloat16).to(_device())
+    x = (torch.randn(256, 1000, generator=g) * 3).to(torch.bfloat16).to(default_device())
     x[17, 999] = 5e3
     x[100] = 0.0
     done = []

@@ -22,14 +22,10 @@ import math
 import numpy as np
 import torch
 
-import kernels
 from kernels import accumulate, formats, stochastic
 from kernels.checks import call_student, type_name
+from kernels.device import default_device
 from kernels.testing import bits
-
-
-def _device() -> str:
-    return "cpu" if kernels.INTERPRETER else "cuda"
 
 
 def _tensor(out, question, dtype, shape, what):
@@ -116,7 +112,7 @@ def check_stochastic_round(fn, seeds=SR_SEEDS, values=None, interleave=False) ->
     rounded ``SR_COPIES`` times per seed: each value's copies one after another, or with ``interleave``
     the whole set repeated ``SR_COPIES`` times, so that every block of a launch holds copies of each."""
     question, name = "q1", "stochastic_round"
-    dev = _device()
+    dev = default_device()
     lines = []
     total_values = 0
     given = values
@@ -263,7 +259,7 @@ def check_accumulate(fn, m=ACC_M, ks=ACC_KS, seed=3, accs=tuple(ACC_BOUNDS)) -> 
     ``m`` rows, each ``k`` of ``ks`` long, drawn from ``seed``; every accumulator of ``accs``, plain and
     compensated.  The fp32 error is bounded at every K, the others' at the last K (``ACC_BOUNDS``)."""
     question, name = "q2", "dot"
-    dev = _device()
+    dev = default_device()
     errors = {}
     for k in ks:
         a, b = accumulate_inputs(k, seed, m)
@@ -341,7 +337,7 @@ def check_fp8_promotion(fn, m=64, n=64, k=300, seed=5) -> None:
 
     The products are (m, 512) @ (512, n) on the designed inputs and (m, k) @ (k, n) random ones from ``seed``."""
     question, name = "q3", "fp8_matmul"
-    dev = _device()
+    dev = default_device()
     a, b = promotion_inputs(m, n)
     lines = []
     for pe in PROMOTION_CASES:
@@ -428,7 +424,7 @@ def check_row_mean(fn, sizes=(256, 32768), m=8, seed=None) -> None:
     """q4: ``fn(x)``: bf16 (M, N) -> fp32 row means, to 1e-5 at N = 256 and N = 32768 (``sizes``, a
     short N and a long one; ``m`` rows drawn from ``seed``, by default from N)."""
     question, name = "q4", "row_mean"
-    dev, errs = _device(), {}
+    dev, errs = default_device(), {}
     short, long = sizes
     for n in sizes:
         x = row_mean_inputs(n, m, seed)
@@ -460,7 +456,7 @@ def check_softmax(fn, sizes=(128, 100), shifts=(0.0, -200.0), m=4, seed=None) ->
     question, name = "q5", "softmax"
     from kernels import hazards
 
-    dev = _device()
+    dev = default_device()
     bad = {}
     for n in sizes:
         for shift in shifts:
@@ -513,7 +509,7 @@ def check_quantize(fn, amaxes=(1e-3, 1.0, 1e4), n=1000, seed=None) -> None:
     """q6: ``fn(x)`` -> (q e4m3fn, scale) with ``x ~= q * scale``, for tensors of amax 1e-3, 1 and 1e4
     (``amaxes``; ``n`` values drawn from ``seed``, by default from the amax)."""
     question, name = "q6", "quantize_fp8"
-    dev = _device()
+    dev = default_device()
     lines = []
     for amax in amaxes:
         x = quantize_inputs(amax, n, seed)
@@ -557,7 +553,7 @@ def check_variance(fn, sizes=(1000, 32768), m=4, seed=None) -> None:
     """q7: ``fn(x)``: fp16 (M, N) -> fp32 row variances, to 1e-4 at N = 1000 and N = 32768 (``sizes``, a
     short N and a long one; ``m`` rows drawn from ``seed``, by default from N)."""
     question, name = "q7", "variance"
-    dev, errs, outs = _device(), {}, {}
+    dev, errs, outs = default_device(), {}, {}
     short, long = sizes
     for n in sizes:
         x = variance_inputs(n, m, seed)
@@ -609,7 +605,7 @@ def check_to_bf16(fn, x: torch.Tensor | None = None, shape: tuple | None = None)
 
     ``x`` (default :func:`to_bf16_inputs`) is passed as one tensor of ``shape`` (default 1-D)."""
     question, name = "q8", "to_bf16"
-    dev = _device()
+    dev = default_device()
     x = (to_bf16_inputs() if x is None else x).reshape(-1)
     arg = x.reshape(shape if shape is not None else -1).to(dev)
     out = _tensor(call_student(fn, arg, name=name, question=question), question, torch.bfloat16, arg.shape, name)

@@ -23,15 +23,10 @@ import math
 import numpy as np
 import torch
 
-import kernels
 from kernels import amp
 from kernels.checks import call_student, is_class, student_side, type_name
+from kernels.device import default_device
 from kernels.testing import bits
-
-
-def _device() -> str:
-    return "cpu" if kernels.INTERPRETER else "cuda"
-
 
 # -- q1: the fused unscale ------------------------------------------------------------------------------
 
@@ -53,22 +48,22 @@ def _unscale_inputs(seed=4, shapes=UNSCALE_SHAPES):
     grads = []
     for i, shape in enumerate(shapes):
         x = torch.randn(shape, generator=g) * [1.0, 3e3, 1e-5, 2.0**-140][i % 4]
-        grads.append(x.to(dtypes[i % 3]).to(_device()))
+        grads.append(x.to(dtypes[i % 3]).to(default_device()))
     return grads
 
 
 def _run_unscale(fn, grads, inv_scale, found_start=0.0):
     ours = [t.clone() for t in grads]
     ref = [t.clone() for t in grads]
-    found = torch.full((), found_start, device=_device())
-    found_ref = torch.full((), found_start, device=_device())
-    inv = torch.tensor(inv_scale, dtype=torch.float32, device=_device())
+    found = torch.full((), found_start, device=default_device())
+    found_ref = torch.full((), found_start, device=default_device())
+    inv = torch.tensor(inv_scale, dtype=torch.float32, device=default_device())
     call_student(lambda: fn(ours, found, inv) or True, name="unscale_", question="q1")
     # torch's CUDA kernel refuses bf16 gradients; its CPU kernel takes all three dtypes and gives the
     # same bits (one fp32 multiply, rounded once), so the reference always runs on the CPU.
     ref_cpu, found_cpu = [t.cpu() for t in ref], found_ref.cpu()
     torch._amp_foreach_non_finite_check_and_unscale_(ref_cpu, found_cpu, inv.cpu())
-    ref = [t.to(_device()) for t in ref_cpu]
+    ref = [t.to(default_device()) for t in ref_cpu]
     return ours, ref, float(found), float(found_cpu)
 
 
@@ -176,10 +171,10 @@ SCALER_ARGS = {"init_scale": 2.0**10, "growth_factor": 2.0, "backoff_factor": 0.
 class _Twin:
     def __init__(self, scaler):
         torch.manual_seed(0)
-        self.model = torch.nn.Linear(6, 3).to(_device())
+        self.model = torch.nn.Linear(6, 3).to(default_device())
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
         self.scaler = scaler
-        self.x = torch.linspace(-1, 1, 24, device=_device()).reshape(4, 6)
+        self.x = torch.linspace(-1, 1, 24, device=default_device()).reshape(4, 6)
 
     def step(self, poison, who):
         self.opt.zero_grad()
@@ -218,7 +213,7 @@ def check_scaler(cls, args=SCALER_ARGS, script=SCRIPT, checkpoint=8) -> None:
     shown = "**SCALER_ARGS" if args is SCALER_ARGS else ", ".join(f"{k}={v!r}" for k, v in args.items())
     scaler = call_student(lambda: cls(**args), name=f"{cls.__name__}({shown})", question="q2")
     # the student's twin lives with the student's scaler (in the grader: the submission's sandbox)
-    ours, ref = student_side(_Twin, scaler), _Twin(torch.amp.GradScaler(_device(), **args))
+    ours, ref = student_side(_Twin, scaler), _Twin(torch.amp.GradScaler(default_device(), **args))
     interval = args["growth_interval"]
     last_overflow = None
     for i, poison in enumerate(script):
@@ -324,7 +319,7 @@ def check_rmsnorm(forward, backward=None, dtype=torch.bfloat16, eps=1e-6, shapes
         forward, backward = forward
     half_ulp = torch.finfo(dtype).eps / 2  # relative: 2^-8 for bf16, 2^-11 for fp16
     tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps / 2
-    dev = _device()
+    dev = default_device()
     checked = 0
     for name, x32, w32 in _rms_inputs(seed, shapes):
         x, w = x32.to(dtype), w32.to(dtype)
@@ -428,7 +423,7 @@ def _rms_backward_smell(what, got, want, x, w, dy, eps) -> str:
 
 def _step_model():
     torch.manual_seed(1)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(_device())
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(default_device())
 
 
 def _step_twin():
@@ -475,7 +470,7 @@ def check_train_step(step_fn, autocast_dtype=torch.float16, seed=2, steps=10, ma
     drawn from ``seed``; ``max_norm`` small, so that clipping is active on every step; with
     ``returns``, the loss and skipped it returns must be the reference's too."""
     g = torch.Generator().manual_seed(seed)
-    dev = _device()
+    dev = default_device()
     data = [
         (torch.randn(32, 8, generator=g).to(dev), torch.randint(0, 4, (32,), generator=g).to(dev)) for _ in range(steps)
     ]

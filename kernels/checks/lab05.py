@@ -31,11 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
 from kernels import fp8_gemm as G
 from kernels import fp8_linear as L
 from kernels import quantize as Q
 from kernels.checks import call_student, constant_output, is_triton_function, student_side, type_name
+from kernels.device import default_device
 
 CHECK_SHAPES = {
     "q1": ((64, 64, 256), (7, 40, 144)),
@@ -45,10 +45,6 @@ CHECK_SHAPES = {
 }
 
 
-def _device() -> str:
-    return "cpu" if kernels.INTERPRETER else "cuda"
-
-
 def _operands(m, n, k, scaling, seed):
     """Fixed data whose scales differ from row to row (and block to block): mistakes in how scales are
     applied show up instead of cancelling."""
@@ -56,7 +52,7 @@ def _operands(m, n, k, scaling, seed):
     x = torch.randn(m, k, generator=g) * torch.logspace(-2, 2, m)[:, None]
     x = x * torch.logspace(-1.5, 1.5, k)[None, :]  # K-blocks of different size: block scales differ along K
     w = torch.randn(n, k, generator=g) * 0.05 * torch.logspace(-1, 1, n)[:, None]
-    x, w = x.to(_device()), w.to(_device())
+    x, w = x.to(default_device()), w.to(default_device())
     if scaling == "tensor":
         return Q.quantize_tensor(x), Q.quantize_tensor(w)
     if scaling == "row":
@@ -195,7 +191,7 @@ def _tile_probe(out_ptr, num_pid_m, num_pid_n, FN: tl.constexpr, GROUP_M: tl.con
 
 def _probe_tiles(fn, m: int, n: int, gm: int) -> list:
     """[(pid_m, pid_n)] that ``fn`` gives programs 0 .. m*n-1 (the student's part of q2's check)."""
-    out = torch.full((2 * m * n,), -1, dtype=torch.int32, device=_device())
+    out = torch.full((2 * m * n,), -1, dtype=torch.int32, device=default_device())
     try:
         _tile_probe[(1,)](out, m, n, FN=fn, GROUP_M=gm, BLOCK=64)
     except Exception as e:
@@ -269,7 +265,7 @@ def _big_then_small():
     b = torch.ones(n, k)
     a[:, 128:] = 2.0**-4
     b[:, 128:] = 2.0**-9  # e4m3's smallest subnormal: exact
-    dev = _device()
+    dev = default_device()
     qa = Q.Quantized(a.to(torch.float8_e4m3fn).to(dev), torch.ones(m, k // 128, device=dev))
     qb = Q.Quantized(b.to(torch.float8_e4m3fn).to(dev), torch.ones(1, k // 128, device=dev))
     return qa, qb
@@ -320,7 +316,7 @@ def _linear_data(shape=LINEAR_SHAPE, seed=5, decades=2.0):
     x = torch.randn(t, i, generator=g) * torch.logspace(-decades, decades, t)[:, None]  # tokens of very different size
     w = torch.randn(o, i, generator=g) * i**-0.5
     dy = torch.randn(t, o, generator=g) * GRAD_SIZE
-    dev = _device()
+    dev = default_device()
     return x.to(torch.bfloat16).to(dev), w.to(torch.bfloat16).to(dev), dy.to(torch.bfloat16).to(dev)
 
 
@@ -405,7 +401,7 @@ def _swap_and_inspect(fn, dim=64, depth=2, seed=0) -> dict:
     """The student's part of q6's check: convert a fresh MarkovLM with ``fn``, then report which class
     each layer has ("FP8Linear", or its class name) and the model's state_dict."""
     torch.manual_seed(seed)
-    model = L.MarkovLM(dim=dim, depth=depth, device=_device())
+    model = L.MarkovLM(dim=dim, depth=depth, device=default_device())
     out = call_student(fn, model, name="fp8_swap", question="q6")
     model = out if isinstance(out, torch.nn.Module) else model
 
@@ -439,7 +435,7 @@ def check_fp8_swap(fn, dim=64, depth=2, seed=0):
             )
             raise AssertionError(f"q6: model.{name} was converted to FP8: {why}")
     torch.manual_seed(seed)
-    before = L.MarkovLM(dim=dim, depth=depth, device=_device()).state_dict()
+    before = L.MarkovLM(dim=dim, depth=depth, device=default_device()).state_dict()
     after = seen["state"]
     changed = [k for k, v in before.items() if k in after and not torch.equal(after[k].to(v.device), v)]
     if changed:

@@ -11,16 +11,12 @@ and at sizes that only they state.
 import numpy as np
 import torch
 
-import kernels
 from kernels import fp4
 from kernels.checks import call_student, constant_output, type_name
+from kernels.device import default_device
 from kernels.testing import first_mismatches
 
 GRID = torch.tensor(fp4.E2M1_VALUES, dtype=torch.float64)
-
-
-def _device() -> str:
-    return "cpu" if kernels.INTERPRETER else "cuda"
 
 
 # -- the fixed inputs -------------------------------------------------------------------------------------
@@ -203,7 +199,7 @@ def check_quantize(fn, inputs: dict | None = None) -> None:
     """q1: ``fn(x, fmt)`` -> ``(q, s, tensor_scale)`` for fmt "nvfp4" and "mxfp4", bit for bit, on
     ``inputs`` ({label: fp32 matrix}; :func:`quantizer_inputs` unless given)."""
     question, name = "q1", "quantize_fp4"
-    dev = _device()
+    dev = default_device()
     inputs = quantizer_inputs() if inputs is None else inputs
     problems, cases = [], 0
     for fmt in fp4.FORMATS:
@@ -228,7 +224,7 @@ def check_dequantize(fn, inputs: dict | None = None) -> None:
     """q2: ``fn(q, s, tensor_scale, fmt)`` -> fp32 ``(rows, K)``: exact for MXFP4, one rounding for NVFP4;
     on ``inputs`` quantized by the reference (:func:`quantizer_inputs` unless given)."""
     question, name = "q2", "dequantize_fp4"
-    dev = _device()
+    dev = default_device()
     inputs = quantizer_inputs() if inputs is None else inputs
     problems = []
     for fmt in fp4.FORMATS:
@@ -302,7 +298,7 @@ def check_w4a16(fn, inputs: dict | None = None) -> None:
     """q3: ``fn(a, q, s, tensor_scale, fmt)`` -> bf16 ``a @ W^T`` within bf16 GEMM tolerance of float64, on
     ``inputs`` ({"a", "w"}; :func:`gemm_inputs` unless given)."""
     question, name = "q3", "w4a16_matmul"
-    dev = _device()
+    dev = default_device()
     inp = gemm_inputs() if inputs is None else inputs
     a = inp["a"]
     problems, report = [], []
@@ -370,7 +366,7 @@ def check_hadamard(fn, x: torch.Tensor | None = None, seed: int | None = None) -
     """q4: ``fn(x, block, signs)`` -> ``x R`` per block, R = diag(signs) H / sqrt(block), in x's dtype.
     ``x``: a bf16 (rows, K) in place of the fixed one; ``seed``: signs from ``seed + block``, not ``block``."""
     question, name = "q4", "hadamard_rotate"
-    dev = _device()
+    dev = default_device()
     if x is None:
         g = torch.Generator().manual_seed(4)
         x = torch.randn(8, 256, generator=g).to(torch.bfloat16)
