@@ -19,7 +19,9 @@ copied into the judge's own (``unscale_(grads, found_inf, inv_scale)`` writes it
 
 An exception raised by the student's code comes back as the same chain of exception types by name with
 their messages, so the checks' diagnoses ("raised NotImplementedError: not done yet", a compiler's
-refusal, an out-of-bounds access) read as they do in the notebook.
+refusal, an out-of-bounds access) read as they do in the notebook; a compiler's refusal is rebuilt as a
+``CompilationError`` and the bounds check's refusal as a :class:`kernels._bounds.OutOfBounds`, which the
+checks match by class.
 
 Checks whose student part needs live objects (a model with an optimizer, autograd through the student's
 backward) run that part in the sandbox with :func:`kernels.checks.student_side`; it returns what the
@@ -42,6 +44,8 @@ import struct
 
 import numpy as np
 import torch
+
+from kernels._bounds import OutOfBounds
 
 MAX_MESSAGE = 1 << 30  # bytes; a sandbox that sends more is cut off, not believed
 _HEADER = struct.Struct("<QI")  # total length, JSON length
@@ -480,6 +484,8 @@ def _rebuild(chain: list) -> BaseException:
             bases = (base, RemoteError)
         elif item.get("compilation_error"):
             bases = (CompilationError, RemoteError)
+        elif item.get("out_of_bounds"):  # the bounds check's refusal: the checks match it by its class
+            bases = (OutOfBounds, RemoteError)
         cls = type(name, bases, {"__str__": RemoteError.__str__, "__module__": "submission"})
         e = cls.__new__(cls)
         e.args = (str(item.get("text", ""))[:20000],)
@@ -588,6 +594,7 @@ def describe_exception(e: BaseException) -> list:
                 "type": type(cur).__name__,
                 "text": text[:20000],
                 "compilation_error": isinstance(cur, CompilationError),
+                "out_of_bounds": isinstance(cur, OutOfBounds),
             }
         )
         cur = cur.__cause__ or cur.__context__

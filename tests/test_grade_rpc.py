@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from kernels import formats, grade_rpc
+from kernels._bounds import OutOfBounds
+from kernels.checks import call_student
 
 
 def _round_trip(value, refs=None):
@@ -167,3 +169,24 @@ def test_a_sandbox_that_dies_mid_question_is_named_not_believed():
         f(2)  # and every later call too, without waiting
     for fd in (requests_r, requests_w, answers_r):
         os.close(fd)
+
+
+def test_an_out_of_bounds_error_crosses_as_the_bounds_checks_own_class():
+    """The judge's checks match the bounds check's refusal by its class, whatever wraps it."""
+
+    def oob_kernel():
+        try:
+            raise OutOfBounds("out-of-bounds tl.load: 24 of 1024 active lanes address memory outside")
+        except OutOfBounds as e:
+            raise RuntimeError("the interpreter's wrapper") from e
+
+    client, names, (thread, requests_w) = _served({"oob_kernel": oob_kernel}, ["oob_kernel"])
+    with pytest.raises(RuntimeError) as raised:
+        names["oob_kernel"]()
+    cause = raised.value.__cause__
+    assert isinstance(cause, OutOfBounds) and isinstance(cause, grade_rpc.RemoteError)
+    assert str(cause).startswith("out-of-bounds tl.load: 24 of 1024")
+    with pytest.raises(AssertionError, match=r"^q1: copy: out-of-bounds tl\.load: 24 of 1024 active lanes"):
+        call_student(names["oob_kernel"], name="copy", question="q1")
+    os.close(requests_w)
+    thread.join(timeout=10)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kernels._bounds import OutOfBounds, install_bounds_check
+
 
 class ExerciseNotDone(AssertionError):
     """The exercise has not been attempted yet (stub still in place); an ``AssertionError`` so that a
@@ -44,8 +46,6 @@ def call_student(fn, *args, name: str, question: str):
     import kernels
 
     if kernels.INTERPRETER:  # the batch grader's bounds check, so that both give the same verdict
-        from kernels.grade import install_bounds_check
-
         install_bounds_check()
     try:
         out = fn(*args)
@@ -54,10 +54,10 @@ def call_student(fn, *args, name: str, question: str):
     except AssertionError:
         raise
     except Exception as e:  # a student's bug of any kind; shown with its type, the traceback chained
-        # The interpreter wraps the bounds check's error; matched by name, since the grader may run
-        # its own module as __main__, whose class is not kernels.grade's.
+        # The interpreter wraps the bounds check's error (in the grader's judge, the sandbox's error
+        # rebuilt by kernels.grade_rpc, still an OutOfBounds).
         cause = e
-        while cause is not None and type(cause).__name__ != "OutOfBounds":
+        while cause is not None and not isinstance(cause, OutOfBounds):
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
             raise AssertionError(f"{question}: {name}: {cause}") from e
