@@ -68,7 +68,7 @@ _BITS = {
     "fp8e5": np.uint8,
 }
 _CANONICAL_NAN = {"fp32": 0x7FFFFFFF, "bf16": 0x7FFF, "fp16": 0x7FFF, "fp8e4nv": 0x7F, "fp8e5": 0x7F}
-_SATURATE = {"fp8e4nv": 448.0, "fp8e5": 57344.0}
+_SATURATE = {name: float(ml_dtypes.finfo(_NUMPY[name]).max) for name in ("fp8e4nv", "fp8e5")}  # 448, 57344
 _LOW = ("bf16", "fp16", "fp8e4nv", "fp8e5")
 
 _ORIGINAL = {}
@@ -392,3 +392,12 @@ def uninstall() -> None:
     for (cls, name), _fn in _OP_PATCHES.items():
         if name in _ORIGINAL_OPS:
             setattr(cls, name, _ORIGINAL_OPS.pop(name))
+
+
+__all__ = [
+    "TESTED_TRITON",
+    "install",
+    "installed",
+    "uninstall",
+    "uses_wgmma",
+]

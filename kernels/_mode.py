@@ -86,3 +86,8 @@ def select() -> bool:
             file=sys.stderr,
         )
     return True
+
+
+__all__ = [
+    "select",
+]

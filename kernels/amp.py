@@ -66,7 +66,16 @@ RMSNORM_DW_BLOCK_G = 64  # partial rows summed per iteration there
 
 # dtype -> code in the block table.  The kernel branches on the code per program, so one launch
 # serves a list of mixed dtypes.
-_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+CODE_FP32 = tl.constexpr(0)
+CODE_FP16 = tl.constexpr(1)
+CODE_BF16 = tl.constexpr(2)
+CODE_FP64 = tl.constexpr(3)
+_DTYPE_CODES = {
+    torch.float32: CODE_FP32.value,
+    torch.float16: CODE_FP16.value,
+    torch.bfloat16: CODE_BF16.value,
+    torch.float64: CODE_FP64.value,
+}
 
 
 @triton.jit
@@ -104,19 +113,19 @@ def _unscale_kernel(table_ptr, found_inf_ptr, inv_scale_ptr, ALIGNED: tl.constex
     count = tl.load(row + 2)
     code = tl.load(row + 3)
     inv_scale = tl.load(inv_scale_ptr)  # fp32, read on the device: no host sync
-    if code == 0:
+    if code == CODE_FP32:
         bad = _unscale_chunk(
             address.to(tl.pointer_type(tl.float32)) + start, count, inv_scale, tl.float32, ALIGNED, BLOCK
         )
-    elif code == 1:
+    elif code == CODE_FP16:
         bad = _unscale_chunk(
             address.to(tl.pointer_type(tl.float16)) + start, count, inv_scale, tl.float32, ALIGNED, BLOCK
         )
-    elif code == 2:
+    elif code == CODE_BF16:
         bad = _unscale_chunk(
             address.to(tl.pointer_type(tl.bfloat16)) + start, count, inv_scale, tl.float32, ALIGNED, BLOCK
         )
-    else:
+    else:  # CODE_FP64
         inv64 = inv_scale.to(tl.float64)  # torch multiplies fp64 grads in fp64
         bad = _unscale_chunk(address.to(tl.pointer_type(tl.float64)) + start, count, inv64, tl.float64, ALIGNED, BLOCK)
     # Only ever set, never cleared: concurrent programs all write the same 1.0, so no atomics.
@@ -988,6 +997,10 @@ def train(recipe: str, steps=300, batch=64, lr=3e-3, seed=0, model_args=None, st
 
 
 __all__ = [
+    "CODE_BF16",
+    "CODE_FP16",
+    "CODE_FP32",
+    "CODE_FP64",
     "CharTransformer",
     "DynamicLossScaler",
     "LayerNorm",

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
+from kernels import ROOT
 from kernels.benchmarks import REGISTRY, ROUNDS, benchmark, copy_baseline, load_all, measure, median_ms
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 __all__ = [
     "REGISTRY",

@@ -280,6 +280,12 @@ def properties_from_fields(fmt) -> Properties:
     )
 
 
+# The largest finite values, which the kernels saturate to: every module reads them here.
+E4M3_MAX = properties_from_fields(E4M3FN).max_finite  # 448
+E5M2_MAX = properties_from_fields(E5M2).max_finite  # 57344
+E2M1_MAX = properties_from_fields(E2M1).max_finite  # 6
+
+
 def properties(fmt) -> Properties:
     """The properties of a format, read off the decoded values of all its codes (formats of up to 16
     bits), or computed from the fields (fp32, tf32)."""
@@ -588,25 +594,28 @@ __all__ = [
     "BF16",
     "BLOCK",
     "E2M1",
+    "E2M1_MAX",
     "E2M3",
     "E3M2",
     "E4M3FN",
     "E4M3FNUZ",
+    "E4M3_MAX",
     "E5M2",
     "E5M2FNUZ",
+    "E5M2_MAX",
     "E8M0",
     "ENCODABLE",
     "FORMATS",
     "FP16",
     "FP32",
+    "Format",
     "INT4",
     "INT8",
+    "IntFormat",
     "NAN_POLICIES",
+    "Properties",
     "TF32",
     "TORCH_DTYPES",
-    "Format",
-    "IntFormat",
-    "Properties",
     "all_codes",
     "decode",
     "encode",

@@ -56,16 +56,16 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels import quantize, stochastic, w4a16_mma
+from kernels import formats, quantize, stochastic, w4a16_mma
 from kernels.device import check_device, default_device
 from kernels.quantize import _e8m0_scale
 
 # -- formats and constants ------------------------------------------------------------------------
 
-E2M1_MAX = 6.0
+E2M1_MAX = formats.E2M1_MAX  # 6
 E2M1_EMAX = 2  # largest exponent of E2M1: 6 = 1.5 * 2^2
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitudes of codes 0..7; code | 8 is negative
-E4M3_MAX = 448.0
+E4M3_MAX = formats.E4M3_MAX  # 448: the NVFP4 block scale is an e4m3 number
 NVFP4_BLOCK = 16
 MXFP4_BLOCK = 32
 FORMATS = {"nvfp4": NVFP4_BLOCK, "mxfp4": MXFP4_BLOCK}
@@ -73,7 +73,7 @@ TENSOR_SCALE_DIVISOR = E4M3_MAX * E2M1_MAX  # 2688: tensor_scale = amax / 2688
 MIN_TENSOR_SCALE = 2.0**-126
 E8M0_NAN, E4M3_NAN = 0xFF, 0x7F
 FP32_MAX = 3.4028234663852886e38
-INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INPUT_DTYPES = quantize.INPUT_DTYPES  # the activation dtypes every quantizer takes
 HADAMARD_BLOCKS = (16, 32, 128)
 
 # Launch sizes.  The quantizer runs one warp per program on tiles of 512 elements (2 rows of 256 columns
@@ -160,7 +160,7 @@ def _e2m1_code(v):
     of the step is an even code).  The sum's low bits then count steps, ``k``, and the code is
     ``k + 2e``: the exponent field of M gives ``e`` without a branch.  :func:`e2m1_rne_reference`
     counts boundaries instead; the tests hold the two to the same bits."""
-    a = tl.minimum(tl.abs(v), 6.0)
+    a = tl.minimum(tl.abs(v), 6.0)  # E2M1_MAX
     m = tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000  # 2^e, e in {0, 1, 2}
     s = m.to(tl.float32, bitcast=True) * 4194304.0 + a  # M + a, rounded once (M * 2^22 is exact)
     # bits(s) = bits(M) + k, bits(M) = m + (22 << 23), and 2e = (m >> 22) - 254
@@ -260,7 +260,7 @@ def e2m1_stochastic_reference(mag: torch.Tensor, r: torch.Tensor) -> torch.Tenso
     frac = (mag - lo) * inv_step
     u = (r >> 8).to(torch.float32) * 2.0**-24
     v = torch.where(u < frac, lo + step, lo)
-    return e2m1_rne_reference(v.clamp(max=6.0))
+    return e2m1_rne_reference(v.clamp(max=E2M1_MAX))
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
@@ -362,7 +362,7 @@ def _quantize_tile(
     bad = ~(amax < float("inf"))
     amax = tl.where(bad, 0.0, amax)
     if NV:
-        sb8 = tl.minimum(tl.math.div_rn(amax, 6.0 * ts), 448.0).to(tl.float8e4nv)
+        sb8 = tl.minimum(tl.math.div_rn(amax, 6.0 * ts), 448.0).to(tl.float8e4nv)  # E2M1_MAX, E4M3_MAX
         code_s = tl.where(bad, 0x7F, sb8.to(tl.uint8, bitcast=True).to(tl.int32))
         sbf = sb8.to(tl.float32)
         denom = sbf * ts
@@ -574,7 +574,7 @@ def quantize_fp4_reference(
             ts = tensor_scale.float().reshape(()).to(x.device)
         else:
             ts = tensor_scale_reference(a.amax() if a.numel() else torch.zeros((), device=x.device))
-        sb8 = (amax / (6.0 * ts)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+        sb8 = (amax / (E2M1_MAX * ts)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
         s_codes = torch.where(bad, torch.full_like(sb8.view(torch.uint8), E4M3_NAN), sb8.view(torch.uint8))
         denom = sb8.float() * ts
         tiny = (denom > 0) & (denom < MIN_TENSOR_SCALE)  # S subnormal: 1 / S would overflow
@@ -1040,6 +1040,7 @@ def hadamard_rotate_reference(x: torch.Tensor, block: int, signs: torch.Tensor |
 __all__ = [
     "E2M1_MAX",
     "E2M1_VALUES",
+    "E4M3_MAX",
     "FORMATS",
     "HADAMARD_BLOCKS",
     "MXFP4_BLOCK",

@@ -53,7 +53,7 @@ from kernels.device import check_device, sm_facts
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _REF_DTYPES = (*OUT_DTYPES, torch.float64)
-SCALINGS = {"tensor": 0, "row": 1, "block": 2}
+SCALINGS = ("tensor", "row", "block")  # the kernels' SCALING: tl.constexpr takes these names
 BLOCK_GROUP = 128  # the K-extent (and weight-row extent) of one block scale
 KERNELS = ("persistent", "grouped")
 
@@ -213,9 +213,9 @@ def _block_scales(ast_ptr, bs_ptr, offs_m, off_n, kb, M, N, n_kb, BLOCK_N: tl.co
 @triton.jit
 def _epilogue_scale(acc, as_ptr, bs_ptr, offs_m, offs_n, M, N, SCALING: tl.constexpr):
     """Tensorwise or rowwise dequantization of the fp32 accumulator (block scales are already in)."""
-    if SCALING == 0:
+    if SCALING == "tensor":
         acc = acc * (tl.load(as_ptr) * tl.load(bs_ptr))
-    elif SCALING == 1:
+    elif SCALING == "row":
         sa = tl.load(as_ptr + offs_m, mask=offs_m < M, other=0.0)  # (BM,)
         sb = tl.load(bs_ptr + offs_n, mask=offs_n < N, other=0.0)  # (BN,)
         acc = acc * (sa[:, None] * sb[None, :])
@@ -294,7 +294,7 @@ def _fp8_gemm_kernel(
         k_mask = offs_k[None, :] < K - kb * BLOCK_K
         a = tl.load(a_ptrs, mask=k_mask, other=0.0)
         b = tl.load(b_ptrs, mask=k_mask, other=0.0)
-        if SCALING == 2:
+        if SCALING == "block":
             # Promotion: this K-block's product from a fresh accumulator, scaled, added in fp32.
             part = _mma(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
             acc += part * _block_scales(as_ptr, bs_ptr, offs_m, pid_n * BLOCK_N, kb, M, N, n_kb, BLOCK_N)
@@ -342,7 +342,7 @@ def _fp8_gemm_persistent_kernel(
         for kb in range(n_kb):
             a = a_desc.load([off_m, kb * BLOCK_K])  # (BM, BK)
             b = b_desc.load([off_n, kb * BLOCK_K])  # (BN, BK)
-            if SCALING == 2:
+            if SCALING == "block":
                 part = _mma(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
                 offs_m = off_m + tl.arange(0, BLOCK_M)
                 acc += part * _block_scales(as_ptr, bs_ptr, offs_m, off_n, kb, M, N, n_kb, BLOCK_N)
@@ -420,7 +420,7 @@ def fp8_gemm(
     if scaling == "block":  # K-major activation scales: one contiguous vector per K-block (see _block_scales)
         a_scale = a_scale.t().contiguous()
     args = (a, b, c, a_scale, b_scale, m, n, k)
-    meta = {"SCALING": SCALINGS[scaling], "UPCAST": _upcast()}
+    meta = {"SCALING": scaling, "UPCAST": _upcast()}
     if kernel == "persistent" and tma_ok(a, b, c) and _has_tma(a.device):
         _tma_allocator()
         sms = _num_sms(a.device)

@@ -300,13 +300,7 @@ def fp8_linear_reference(x, weight, dy, recipe: FP8Recipe = FP8Recipe(), bias=No
     return y.reshape(*x.shape[:-1], weight.shape[0]), dx.reshape(x.shape), dw
 
 
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """``||got - want|| / ||want||`` (Frobenius, float64): the measure the tolerances below use."""
-    g, w = got.detach().double(), want.detach().double()
-    return float((g - w).norm() / w.norm().clamp_min(1e-300))
-
-
-# Against a bf16 nn.Linear (fp32 accumulation), relative Frobenius error on random Gaussian data:
+# Against a bf16 nn.Linear (fp32 accumulation), kernels.testing.frobenius_error on random Gaussian data:
 # e4m3 rounds each element with RMS relative error ~2^-4/sqrt(3) = 0.036, e5m2 ~0.072; the errors of
 # the two operands of a GEMM add in quadrature and average out over K.  Y: two e4m3 operands (~0.05);
 # dX and dW: one e5m2 and one e4m3 operand (~0.08).  The bounds leave ~1.5x headroom.
@@ -418,7 +412,6 @@ __all__ = [
     "markov_batch",
     "markov_source",
     "quantize_operand",
-    "relative_error",
     "swap_linears",
     "train_markov",
 ]

@@ -39,7 +39,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from kernels import ROOT
+
 RECORD = "tests/gpu_lane.json"
 PARTS = {"tests": ["tests"], "notebooks": ["book", "solutions", "labs"]}
 # The CPU test that reads this record cannot pass while the record is being written.
@@ -350,6 +351,26 @@ def main(argv=None) -> int:
     else:
         print(check(args.root)[1])
     return int(failed)
+
+
+__all__ = [
+    "DESELECT",
+    "PARTS",
+    "RECORD",
+    "SKIP_DIRS",
+    "STACK",
+    "check",
+    "covered",
+    "environment",
+    "main",
+    "merge",
+    "parse_junit",
+    "refusal",
+    "run_part",
+    "slowest",
+    "split_workers",
+    "tree_sha256",
+]
 
 
 if __name__ == "__main__":

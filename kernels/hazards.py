@@ -27,7 +27,7 @@ import triton.language as tl
 from kernels import formats
 from kernels.device import check_device
 
-E4M3_MAX = 448.0
+E4M3_MAX = formats.E4M3_MAX
 
 
 def _check_2d(x, name, dtypes):

@@ -29,20 +29,17 @@ from pathlib import Path
 
 import nbformat
 
+from kernels import ROOT
+from kernels.record import is_provenance_cell
+
 CHECK_OUTPUT_MARK = "# NBVAL_CHECK_OUTPUT"
-PROVENANCE_TAG = "provenance"
 # Cell metadata worth keeping: tags (nbval, otter), otter's own entries and its cell locks.
 CELL_METADATA_KEPT = ("deletable", "editable", "otter", "tags")
 NOTEBOOK_METADATA_KEPT = ("kernelspec", "otter")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class LabgenError(Exception):
     """A solution notebook that cannot become a lab; the message names the file and the cell."""
-
-
-def _is_provenance(cell) -> bool:
-    return PROVENANCE_TAG in cell.get("metadata", {}).get("tags", [])
 
 
 def _checked_outputs(master: nbformat.NotebookNode, name: str) -> dict:
@@ -77,7 +74,7 @@ def assign(master_path: Path, result_dir: Path) -> tuple:
     from otter.assign import main as otter_assign
 
     master = nbformat.read(master_path, as_version=4)
-    master.cells = [c for c in master.cells if not _is_provenance(c)]
+    master.cells = [c for c in master.cells if not is_provenance_cell(c)]
     src = result_dir / "master" / master_path.name
     src.parent.mkdir(parents=True)
     nbformat.write(master, src)
@@ -108,7 +105,7 @@ def render_lab(master_path: Path) -> str:
 
     cells = []
     for cell in lab.cells:
-        if _is_provenance(cell):
+        if is_provenance_cell(cell):
             continue
         cell.metadata = {k: cell.metadata[k] for k in CELL_METADATA_KEPT if k in cell.metadata}
         if cell.cell_type == "code":
@@ -195,6 +192,20 @@ def main(argv=None) -> int:
     if not changed:
         print("labs up to date")
     return 0
+
+
+__all__ = [
+    "CELL_METADATA_KEPT",
+    "CHECK_OUTPUT_MARK",
+    "LabgenError",
+    "NOTEBOOK_METADATA_KEPT",
+    "assign",
+    "expected_labs",
+    "main",
+    "render_lab",
+    "stale_labs",
+    "write_labs",
+]
 
 
 if __name__ == "__main__":

@@ -415,3 +415,34 @@ def run_mufu_tables(device) -> dict:
         out[f"{name}_first"] = steps[:1]
         out[f"{name}_steps"] = steps[1:].astype(np.int8 if small else np.int32)
     return out
+
+
+__all__ = [
+    "APPROX_OPS",
+    "BINARY_OPS",
+    "BLOCK",
+    "CASTS",
+    "DOTS",
+    "FORMATS",
+    "MUFU",
+    "MUFU_TABLES",
+    "adversarial_fp32",
+    "all_patterns",
+    "approx",
+    "approx_inputs",
+    "binary",
+    "binary_inputs",
+    "cast",
+    "cast_inputs",
+    "diff_decode",
+    "diff_encode",
+    "dot",
+    "dot_inputs",
+    "from_bits",
+    "mufu",
+    "mufu_domain",
+    "run_all",
+    "run_approx",
+    "run_mufu_tables",
+    "to_bits",
+]

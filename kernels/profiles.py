@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from kernels import ROOT
+
 PROFILE_DIR = ROOT / "benchmarks" / "profiles"
 
 # Metric-name prefixes worth keeping from a full Nsight Compute set (a few hundred of its ~2000).
@@ -222,6 +223,19 @@ def main(argv=None) -> int:
     else:
         print(save(args.name, args.report))
     return 0
+
+
+__all__ = [
+    "GEMM_KERNEL",
+    "KEEP",
+    "PROFILES",
+    "PROFILE_DIR",
+    "main",
+    "parse_raw_csv",
+    "report",
+    "run",
+    "save",
+]
 
 
 if __name__ == "__main__":

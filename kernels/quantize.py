@@ -50,12 +50,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import formats
 from kernels.device import check_device, default_device
 
 # -- formats and constants ------------------------------------------------------------------------
 
 FP8_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+FP8_MAX = {"e4m3": formats.E4M3_MAX, "e5m2": formats.E5M2_MAX}
 # The largest exponent of a normal element (OCP MX's emax_elem): 448 = 1.75 * 2^8, 57344 = 1.75 * 2^15.
 EMAX_ELEM = {"e4m3": 8, "e5m2": 15}
 MIN_SCALE = 2.0**-126  # the smallest normal fp32: 1 / S stays finite

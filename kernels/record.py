@@ -112,5 +112,20 @@ def main(argv=None) -> int:
     return 0
 
 
+__all__ = [
+    "DEFAULT_PATHS",
+    "KEYS",
+    "PROVENANCE_TAG",
+    "code_sha256",
+    "environment",
+    "is_provenance_cell",
+    "main",
+    "notebooks",
+    "provenance_text",
+    "record",
+    "stamp",
+]
+
+
 if __name__ == "__main__":
     sys.exit(main())

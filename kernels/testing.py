@@ -146,6 +146,13 @@ def verify(ours, ref, atol: float = 1e-2, rtol: float = 1e-2, name: str = "kerne
 _BITS_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def frobenius_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``||got - want||_F / ||want||_F`` in float64: one number for a whole matrix, the measure of the
+    FP8 layer's tolerances (per-element or per-row errors are :func:`kernels.accumulate.relative_error`)."""
+    g, w = got.detach().double(), want.detach().double()
+    return float((g - w).norm() / w.norm().clamp_min(1e-300))
+
+
 def bits(x: torch.Tensor) -> np.ndarray:
     """Raw bit patterns of a tensor as unsigned integers (uint8/16/32/64)."""
     view = x.detach().cpu().contiguous().view(_BITS_VIEW[x.element_size()]).numpy()
@@ -275,3 +282,22 @@ def check_kernel(
                         raise AssertionError(result.report)
                 checked += 1
     return checked
+
+
+__all__ = [
+    "Comparison",
+    "STANDARD_SHAPES",
+    "TOLERANCES",
+    "Tolerance",
+    "adversarial_inputs",
+    "assert_bits_equal",
+    "bits",
+    "check_kernel",
+    "code_distance",
+    "compare",
+    "first_mismatches",
+    "frobenius_error",
+    "special_inputs",
+    "tolerance",
+    "verify",
+]

@@ -276,3 +276,15 @@ def w4a16_mma(
         NV=nv, BN=bn, WK=wk, WPL=wpl, MT=tokens_per_tile(m), PF=pf, num_warps=wk,
     )  # fmt: skip
     return c
+
+
+__all__ = [
+    "MAX_M",
+    "WK",
+    "WPL",
+    "block_n",
+    "k_multiple",
+    "supported",
+    "tokens_per_tile",
+    "w4a16_mma",
+]

@@ -135,3 +135,16 @@ def read_baseline(nbytes: int, sets: int = 1, device="cuda"):
         _read_words[lambda meta: (triton.cdiv(words, meta["BLOCK"] * meta["ITERS"]),)](next(cycle), out, words)
 
     return run
+
+
+__all__ = [
+    "REGISTRY",
+    "ROUNDS",
+    "benchmark",
+    "copy_baseline",
+    "graphed",
+    "load_all",
+    "measure",
+    "median_ms",
+    "read_baseline",
+]

@@ -162,3 +162,12 @@ def _bench_amp_rmsnorm_bwd():
         )
         del x, w, dy, rstd, x_leaf, w_leaf, y_torch
     return records
+
+
+__all__ = [
+    "DEVICE",
+    "RMSNORM_INPUT_BYTES",
+    "RMSNORM_WIDTHS",
+    "UNSCALE_MIN_BYTES",
+    "UNSCALE_TENSORS",
+]

@@ -114,3 +114,11 @@ def _bench_quantize_nvfp4_given():
 def _bench_quantize_mxfp4():
     """MXFP4: one pass, one read, E8M0 scales."""
     return _quant_records("fp4_quantize_mxfp4", "mxfp4", reads=1)
+
+
+__all__ = [
+    "GEMM_SHAPES",
+    "GRAPH_CALLS",
+    "QUANT_SHAPE",
+    "WEIGHT_SETS",
+]

@@ -94,7 +94,8 @@ def _bench_blockwise():
 @benchmark("fp8_linear")
 def _bench_linear():
     """FP8Linear forward + backward (quantizations included) vs bf16 nn.Linear, same weights and data."""
-    from kernels.fp8_linear import BF16_TOLERANCE, FP8Linear, relative_error
+    from kernels.fp8_linear import BF16_TOLERANCE, FP8Linear
+    from kernels.testing import frobenius_error
 
     t, i, o = LINEAR
     ref = torch.nn.Linear(i, o, bias=False, device="cuda", dtype=torch.bfloat16)
@@ -111,7 +112,7 @@ def _bench_linear():
     got = (x.grad.clone(), fp8.weight.grad.clone())
     step(ref)
     for name, g, r in zip(("dx", "dw"), got, (x.grad, ref.weight.grad), strict=True):
-        err = relative_error(g, r)
+        err = frobenius_error(g, r)
         if err > BF16_TOLERANCE[name]:
             raise AssertionError(f"fp8_linear: {name} is {err:.3f} from bf16; not timing a wrong layer")
     return measure(
@@ -122,3 +123,11 @@ def _bench_linear():
         lambda: step(fp8),
         {"nn.Linear bf16": lambda: step(ref)},
     )
+
+
+__all__ = [
+    "CHECK_ROWS",
+    "LINEAR",
+    "SHAPES",
+    "WISE",
+]

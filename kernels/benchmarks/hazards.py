@@ -68,3 +68,6 @@ def _bench_fp8_promotion():
         lambda: accumulate.fp8_matmul(a, b, 128),
         baselines,
     )
+
+
+__all__ = []

@@ -72,3 +72,8 @@ def _bench_128x128():
 def _bench_mxfp8():
     """MXFP8: one E8M0 byte per 32 elements of a row, OCP's floor rule."""
     return _run("scaling_mxfp8", "mxfp8", reads=1)
+
+
+__all__ = [
+    "SHAPES",
+]

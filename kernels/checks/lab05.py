@@ -36,6 +36,7 @@ from kernels import fp8_linear as L
 from kernels import quantize as Q
 from kernels.checks import call_student, constant_output, is_triton_function, student_side, type_name
 from kernels.device import default_device
+from kernels.testing import frobenius_error
 
 CHECK_SHAPES = {
     "q1": ((64, 64, 256), (7, 40, 144)),
@@ -66,7 +67,7 @@ def _close(got, want, mag) -> bool:
 
 def _near(got, cand) -> bool:
     """Within 2% (Frobenius) of a candidate: FP8 noise is far smaller than any mistake's effect."""
-    return L.relative_error(got.double().cpu(), cand.double().cpu()) < 0.02
+    return frobenius_error(got.double().cpu(), cand.double().cpu()) < 0.02
 
 
 def _candidates(qa, qb, scaling) -> dict:
@@ -348,7 +349,7 @@ def check_fp8_linear(fn, shape=LINEAR_SHAPE, seed=5, decades=2.0, every_token=Fa
     xb, wb = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
     yb = xb @ wb.T
     yb.backward(dy)
-    errs = {name: L.relative_error(g, b) for name, g, b in (("y", y, yb), ("dx", dx, xb.grad), ("dw", dw, wb.grad))}
+    errs = {name: frobenius_error(g, b) for name, g, b in (("y", y, yb), ("dx", dx, xb.grad), ("dw", dw, wb.grad))}
     shown = ", ".join(f"{k} {v:.4f}" for k, v in errs.items())
     if errs["y"] > L.BF16_TOLERANCE["y"]:
         ratio = (y.detach().double().abs().median() / yb.detach().double().abs().median()).item()
