@@ -31,6 +31,7 @@ __all__ = [
     "ROUNDS",
     "benchmark",
     "copy_baseline",
+    "environment",
     "gpu_slug",
     "load_all",
     "main",
@@ -45,7 +46,7 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def _environment() -> dict:
+def environment() -> dict:
 
     commit = os.environ.get("KERNELS_COMMIT", "")  # for a copy of the tree without .git
     if not commit:
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
     if kernels.INTERPRETER or not torch.cuda.is_available():
         print("kernels.bench: needs a CUDA GPU (speed is not measured in CPU mode)", file=sys.stderr)
         return 2
-    env = _environment()
+    env = environment()
     warm_up()
     records = []
     for name in args.names or sorted(REGISTRY):

@@ -60,11 +60,11 @@ def capabilities() -> Capabilities:
     sm_89/sm_90 (native FP8 tensor cores); sm_100+ (native MX and FP4 as well)."""
     if kernels.INTERPRETER or not torch.cuda.is_available():
         return Capabilities("cpu-interpreter", f"CPU ({platform.machine()})", (0, 0), "interpreter", "interpreter")
-    return _cuda_capabilities(torch.cuda.current_device())
+    return cuda_capabilities(torch.cuda.current_device())
 
 
 @functools.cache
-def _cuda_capabilities(index: int) -> Capabilities:
+def cuda_capabilities(index: int) -> Capabilities:
     # Once per device and process: kernels ask on every launch, and each device query costs microseconds.
     cap = torch.cuda.get_device_capability(index)
     fp8 = "native" if cap >= (8, 9) else "emulated"
@@ -132,6 +132,7 @@ __all__ = [
     "Capabilities",
     "capabilities",
     "check_device",
+    "cuda_capabilities",
     "default_device",
     "gpu_environment",
     "gpu_only",

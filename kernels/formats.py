@@ -343,7 +343,7 @@ ENCODABLE = ("e4m3fn", "e5m2", "bf16")
 
 
 @dataclass(frozen=True)
-class _EncodeSpec:
+class EncodeSpec:
     """What the encoder needs of a target format, as integers.  Codes are magnitudes (sign apart)."""
 
     mantissa_bits: int
@@ -356,7 +356,7 @@ class _EncodeSpec:
     max_f32: int  # the fp32 bit pattern of the largest finite value
 
 
-def _spec(f: Format) -> _EncodeSpec:
+def _spec(f: Format) -> EncodeSpec:
     m = f.mantissa_bits
     magnitude_bits = f.exponent_bits + m
     all_ones = (1 << magnitude_bits) - 1
@@ -367,10 +367,10 @@ def _spec(f: Format) -> _EncodeSpec:
         max_code, overflow, quiet = all_ones - 1, all_ones, all_ones
     max_exp, max_mant = max_code >> m, max_code & ((1 << m) - 1)
     max_f32 = ((max_exp - f.bias + 127) << 23) | (max_mant << (23 - m))
-    return _EncodeSpec(m, f.bias, max_code, overflow, quiet, all_ones, f.bits, max_f32)
+    return EncodeSpec(m, f.bias, max_code, overflow, quiet, all_ones, f.bits, max_f32)
 
 
-_SPECS = {name: _spec(FORMATS[name]) for name in ENCODABLE}
+ENCODE_SPECS = {name: _spec(FORMATS[name]) for name in ENCODABLE}
 
 
 @triton.jit
@@ -465,7 +465,7 @@ def _check_encode_args(x, fmt, saturate, on_device: bool = True):
 
 def _modes(fmt: str, saturate: bool | None) -> tuple:
     """(clip overflow?, NaN magnitude code, NaN keeps its sign?) for ``encode``'s ``saturate``."""
-    spec = _SPECS[fmt]
+    spec = ENCODE_SPECS[fmt]
     if saturate is None:  # the hardware conversion: fp8 saturates, bf16 overflows to inf
         return fmt != "bf16", spec.sat_nan, False
     if saturate:
@@ -498,7 +498,7 @@ def encode(x: torch.Tensor, fmt: str, saturate: bool | None = None) -> torch.Ten
     """
     x = _check_encode_args(x, fmt, saturate)
     clip, nan_code, nan_keeps_sign = _modes(fmt, saturate)
-    spec = _SPECS[fmt]
+    spec = ENCODE_SPECS[fmt]
     y = torch.empty(x.shape, dtype=TORCH_DTYPES[fmt], device=x.device)
     consts = dict(
         M=spec.mantissa_bits,
@@ -549,10 +549,10 @@ def ocp_encode(x: torch.Tensor, fmt: str) -> torch.Tensor:
     unsigned = np.uint8 if out.itemsize == 1 else np.uint16
     signed = torch.uint8 if out.itemsize == 1 else torch.int16
     raw = torch.from_numpy(out.view(unsigned).astype(np.int64))
-    return _from_codes(raw, signed).view(TORCH_DTYPES[fmt]).to(x.device)
+    return from_codes(raw, signed).view(TORCH_DTYPES[fmt]).to(x.device)
 
 
-def _from_codes(codes: torch.Tensor, int_dtype: torch.dtype) -> torch.Tensor:
+def from_codes(codes: torch.Tensor, int_dtype: torch.dtype) -> torch.Tensor:
     if int_dtype == torch.int16:
         codes = torch.where(codes >= 0x8000, codes - 0x10000, codes)
     return codes.to(int_dtype)
@@ -564,7 +564,7 @@ def encode_bits_reference(bits: torch.Tensor, fmt: str, saturate: bool | None = 
     if fmt not in ENCODABLE:
         raise ValueError(f"fmt must be one of {list(ENCODABLE)}, got {fmt!r}")
     clip, nan_code, nan_keeps_sign = _modes(fmt, saturate)
-    s = _SPECS[fmt]
+    s = ENCODE_SPECS[fmt]
     m = s.mantissa_bits
     sign = (bits >> 31) & 1
     mag = bits & 0x7FFFFFFF
@@ -586,8 +586,8 @@ def encode_reference(x: torch.Tensor, fmt: str, saturate: bool | None = None) ->
     x = _check_encode_args(x, fmt, saturate, on_device=False)
     bits = x.detach().cpu().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     codes = encode_bits_reference(bits, fmt, saturate)
-    int_dtype = torch.uint8 if _SPECS[fmt].width == 8 else torch.int16
-    return _from_codes(codes, int_dtype).view(TORCH_DTYPES[fmt]).to(x.device)
+    int_dtype = torch.uint8 if ENCODE_SPECS[fmt].width == 8 else torch.int16
+    return from_codes(codes, int_dtype).view(TORCH_DTYPES[fmt]).to(x.device)
 
 
 __all__ = [
@@ -605,6 +605,8 @@ __all__ = [
     "E5M2_MAX",
     "E8M0",
     "ENCODABLE",
+    "ENCODE_SPECS",
+    "EncodeSpec",
     "FORMATS",
     "FP16",
     "FP32",
@@ -622,6 +624,7 @@ __all__ = [
     "encode_bits_reference",
     "encode_reference",
     "format_table",
+    "from_codes",
     "get",
     "hardware_encode",
     "ocp_encode",

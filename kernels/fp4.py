@@ -7,7 +7,7 @@ small block of consecutive elements along a row (the GEMM's K axis) shares a sca
 
 * **MXFP4** (OCP MX v1.0): blocks of 32, one E8M0 byte each, ``S = 2^e`` with OCP's rule
   ``e = floor(log2(block_amax)) - 2`` (2 is E2M1's largest exponent: 6 = 1.5 * 2^2), the same
-  computation as MXFP8's (:func:`kernels.quantize._e8m0_scale` with ``EMAX = 2``).  Elements whose
+  computation as MXFP8's (:func:`kernels.quantize.e8m0_scale` with ``EMAX = 2``).  Elements whose
   scaled value exceeds 6 saturate to 6.  4 + 8/32 = 4.25 bits per element.
 * **NVFP4**: blocks of 16, one E4M3 byte each, plus one fp32 scale for the whole tensor (two levels).
   ``tensor_scale = amax / (448 * 6)`` and ``block_scale = e4m3(block_amax / (6 * tensor_scale))``, so
@@ -58,7 +58,7 @@ import triton.language as tl
 import kernels
 from kernels import formats, quantize, stochastic, w4a16_mma
 from kernels.device import check_device, default_device
-from kernels.quantize import _e8m0_scale
+from kernels.quantize import e8m0_scale
 
 # -- formats and constants ------------------------------------------------------------------------
 
@@ -376,7 +376,7 @@ def _quantize_tile(
         inv = tl.math.div_rn(1.0, tl.where(tiny, sbf, tl.where(denom > 0.0, denom, 1.0)))
         inv = tl.where(denom > 0.0, inv, 0.0)  # a zero block scale: codes 0
     else:
-        c8, inv = _e8m0_scale(amax, 2, False)
+        c8, inv = e8m0_scale(amax, 2, False)
         code_s = tl.where(bad, 0xFF, c8.to(tl.int32))
     vlo = lo * inv[:, :, None]  # (ROWS, G, BS // 2)
     vhi = hi * inv[:, :, None]

@@ -458,7 +458,7 @@ def fp8_gemm_blockwise(a, b, a_scale, b_scale, out_dtype=torch.bfloat16, kernel:
 # -- references -----------------------------------------------------------------------------------
 
 
-def _expanded_scales(a_scale, b_scale, scaling, m, n, k, dtype):
+def expanded_scales(a_scale, b_scale, scaling, m, n, k, dtype):
     """Per-element scales: (M, K) for a and (N, K) for b."""
     want_a, want_b = _scale_shapes(scaling, m, n, k)
     sa, sb = a_scale.reshape(want_a).to(dtype), b_scale.reshape(want_b).to(dtype)
@@ -472,7 +472,7 @@ def fp8_gemm_reference(a, b, a_scale, b_scale, scaling: str = "tensor", out_dtyp
     """float64 all the way: ``(S_a * a) @ (S_b * b)^T`` with exact products and sums, rounded once
     to ``out_dtype``.  The truth every kernel is measured against."""
     a, b, a_scale, b_scale, m, n, k = _check_args(a, b, a_scale, b_scale, scaling, out_dtype, _REF_DTYPES)
-    sa, sb = _expanded_scales(a_scale, b_scale, scaling, m, n, k, torch.float64)
+    sa, sb = expanded_scales(a_scale, b_scale, scaling, m, n, k, torch.float64)
     return ((a.double() * sa) @ (b.double() * sb).T).to(out_dtype)
 
 
@@ -496,7 +496,7 @@ def magnitudes(a, b, a_scale, b_scale, scaling: str = "tensor") -> torch.Tensor:
     """``sum_k |S_a a| |S_b b|`` per output (float64): the scale of a dot product's rounding error."""
     m, k = a.shape
     n = b.shape[0]
-    sa, sb = _expanded_scales(a_scale, b_scale, scaling, m, n, k, torch.float64)
+    sa, sb = expanded_scales(a_scale, b_scale, scaling, m, n, k, torch.float64)
     return (a.double() * sa).abs() @ (b.double() * sb).abs().T
 
 
@@ -567,6 +567,7 @@ __all__ = [
     "CPU_CONFIG",
     "PERSISTENT_CONFIGS",
     "SCALINGS",
+    "expanded_scales",
     "fp8_gemm",
     "fp8_gemm_blockwise",
     "fp8_gemm_blockwise_reference",

@@ -53,11 +53,11 @@ GEMM_KERNEL = re.compile(r"gemm|nvjet|cutlass|xmma", re.IGNORECASE)
 def _fp8_contenders(scaling: str, shape, labels) -> dict:
     """Our GEMM and cuBLAS's with ``scaling``, and the tensorwise ones, at ``shape``, for ``labels``."""
     from kernels import fp8_gemm as G
-    from kernels.benchmarks.fp8 import WISE, _operands
+    from kernels.benchmarks.fp8 import WISE, operands
 
     m, n, k = shape
-    _, _, qa, qb = _operands(m, n, k, scaling)
-    _, _, ta, tb = _operands(m, n, k, "tensor")
+    _, _, qa, qb = operands(m, n, k, scaling)
+    _, _, ta, tb = operands(m, n, k, "tensor")
     fns = {
         f"ours {WISE[scaling]}": lambda: G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling),
         f"torch._scaled_mm {WISE[scaling]}": lambda: G.scaled_mm(qa.q, qb.q, qa.s, qb.s, scaling),
@@ -135,14 +135,14 @@ def parse_raw_csv(text: str, labels) -> list:
 
 def save(name: str, report: str, ncu: str = "ncu") -> Path:
     """Write ``benchmarks/profiles/<gpu-slug>-<name>.json`` from the Nsight Compute report ``report``."""
-    from kernels.bench import _environment, gpu_slug
+    from kernels.bench import environment, gpu_slug
 
     ncu = shutil.which(ncu) or shutil.which("/usr/local/cuda/bin/ncu") or ncu
     raw = subprocess.run(
         [ncu, "--import", report, "--csv", "--page", "raw"], capture_output=True, text=True, check=True
     )
     version = subprocess.run([ncu, "--version"], capture_output=True, text=True, check=True).stdout.strip()
-    env = _environment()
+    env = environment()
     doc = {
         "profile": name,
         "shape": "x".join(map(str, PROFILES[name]["shape"])),

@@ -133,7 +133,7 @@ def _fp32_scale(amax, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
-def _e8m0_scale(amax, EMAX: tl.constexpr, ROUND_UP: tl.constexpr):
+def e8m0_scale(amax, EMAX: tl.constexpr, ROUND_UP: tl.constexpr):
     """amax (>= 0, finite) -> (E8M0 byte of S = 2^e, 1/S = 2^-e), exactly, from amax's fp32 bits."""
     bits = amax.to(tl.int32, bitcast=True)
     e = (bits >> 23) - 127 - EMAX  # floor(log2(amax)) - emax_elem; a subnormal amax clamps below
@@ -251,12 +251,12 @@ def e8m0_to_float(code: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def _e8m0_inv_ref(code: torch.Tensor) -> torch.Tensor:
+def e8m0_inverse_reference(code: torch.Tensor) -> torch.Tensor:
     """1 / S for E8M0 bytes in [0, 254]: 2^(127 - c) as fp32 bits."""
     return ((254 - code.to(torch.int32)) << 23).view(torch.float32)
 
 
-def _encode_ref(xf: torch.Tensor, inv: torch.Tensor, fmt: str, bound: torch.Tensor | None = None) -> torch.Tensor:
+def encode_reference(xf: torch.Tensor, inv: torch.Tensor, fmt: str, bound: torch.Tensor | None = None) -> torch.Tensor:
     """The reference of :func:`_encode`: fp32 x, broadcastable 1/S -> fp8 codes (NaN code 0x7F); with
     ``bound`` (broadcastable, as :func:`_encode_bounded`), clamped to it instead of FP8_MAX."""
     m = FP8_MAX[fmt] if bound is None else bound
@@ -271,14 +271,14 @@ def _pad_to(a: torch.Tensor, gm: int, gk: int) -> torch.Tensor:
     return torch.nn.functional.pad(a, (0, (-k) % gk, 0, (-m) % gm))
 
 
-def _group_amax_ref(xf: torch.Tensor, gm: int, gk: int) -> torch.Tensor:
+def group_amax_reference(xf: torch.Tensor, gm: int, gk: int) -> torch.Tensor:
     """(M, K) -> (cdiv(M, gm), cdiv(K, gk)) amax of finite |x|, padding with zeros."""
     a = _pad_to(_finite_abs_ref(xf), gm, gk)
     mp, kp = a.shape
     return a.reshape(mp // gm, gm, kp // gk, gk).amax(dim=(1, 3))
 
 
-def _expand(s: torch.Tensor, gm: int, gk: int, m: int, k: int) -> torch.Tensor:
+def expand_scales(s: torch.Tensor, gm: int, gk: int, m: int, k: int) -> torch.Tensor:
     """Per-group values -> per-element, cropped to (m, k)."""
     return s.repeat_interleave(gm, 0).repeat_interleave(gk, 1)[:m, :k]
 
@@ -286,9 +286,9 @@ def _expand(s: torch.Tensor, gm: int, gk: int, m: int, k: int) -> torch.Tensor:
 def _groups_reference(x: torch.Tensor, gm: int, gk: int, fmt: str) -> Quantized:
     xf = x.float()
     m, k = xf.shape
-    s = scale_from_amax(_group_amax_ref(xf, gm, gk), fmt)
+    s = scale_from_amax(group_amax_reference(xf, gm, gk), fmt)
     inv = 1.0 / s
-    return Quantized(_encode_ref(xf, _expand(inv, gm, gk, m, k), fmt), s)
+    return Quantized(encode_reference(xf, expand_scales(inv, gm, gk, m, k), fmt), s)
 
 
 # -- per tensor: amax pass, finalize, scale-and-cast pass ------------------------------------------
@@ -398,12 +398,12 @@ def quantize_tensor_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
     xf = x.float()
     amax = _finite_abs_ref(xf).amax() if xf.numel() else torch.zeros((), device=x.device)
     s = scale_from_amax(amax, fmt)
-    return Quantized(_encode_ref(xf, 1.0 / s, fmt), s)
+    return Quantized(encode_reference(xf, 1.0 / s, fmt), s)
 
 
 def quantize_tensor_with_scale_reference(x: torch.Tensor, s: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
     fmt = _check_fmt(fmt)
-    return _encode_ref(_check_input(x).float(), _inverse_scale(s).reshape(()), fmt)
+    return encode_reference(_check_input(x).float(), _inverse_scale(s).reshape(()), fmt)
 
 
 # -- groups along the row: per row, 1x128, MXFP8 ---------------------------------------------------
@@ -449,7 +449,7 @@ def _row_groups_kernel(
     xn = _nan_if_not_finite(x.to(tl.float32))
     amax = _amax(xn, 2)  # (BM, NG)
     if MX:
-        s, inv = _e8m0_scale(amax, EMAX, ROUND_UP)
+        s, inv = e8m0_scale(amax, EMAX, ROUND_UP)
         bound = _mx_bound(inv, FP8_MAX, FINITE_BOUND)  # the floor rule can leave values above it
         c = _encode_bounded(xn, inv[:, :, None], bound[:, :, None], E5M2)
     else:
@@ -585,10 +585,10 @@ def quantize_mxfp8_reference(x: torch.Tensor, fmt: str = "e4m3", rounding: str =
     x = _check_input(x, min_dim=1)
     xf = _rows(x).float()
     m, k = xf.shape
-    code = e8m0_from_amax(_group_amax_ref(xf, 1, MX_BLOCK), fmt, rounding)
-    inv = _e8m0_inv_ref(code)
+    code = e8m0_from_amax(group_amax_reference(xf, 1, MX_BLOCK), fmt, rounding)
+    inv = e8m0_inverse_reference(code)
     bound = torch.clamp(inv * FINITE_BOUND[fmt], max=FP8_MAX[fmt])
-    q = _encode_ref(xf, _expand(inv, 1, MX_BLOCK, m, k), fmt, _expand(bound, 1, MX_BLOCK, m, k))
+    q = encode_reference(xf, expand_scales(inv, 1, MX_BLOCK, m, k), fmt, expand_scales(bound, 1, MX_BLOCK, m, k))
     return Quantized(q.reshape(x.shape), code.reshape(*x.shape[:-1], code.shape[-1]))
 
 
@@ -732,7 +732,7 @@ def dequantize_reference(q: torch.Tensor, s: torch.Tensor, granularity: str, out
     q2, s2, gm, gk = _dequant_args(q, s, granularity)
     m, k = q2.shape
     sf = e8m0_to_float(s2) if granularity == "mxfp8" else s2.float()
-    y = q2.float() * _expand(sf, gm, gk, m, k)
+    y = q2.float() * expand_scales(sf, gm, gk, m, k)
     return y.to(out_dtype).reshape(q.shape)
 
 
@@ -844,6 +844,7 @@ class DelayedScaling:
 
 __all__ = [
     "BLOCK_128X128",
+    "DelayedScaling",
     "E8M0_BIAS",
     "EMAX_ELEM",
     "FP8_FORMATS",
@@ -853,12 +854,16 @@ __all__ = [
     "MIN_SCALE",
     "MX_BLOCK",
     "NAN_CODE",
-    "DelayedScaling",
     "Quantized",
     "dequantize",
     "dequantize_reference",
     "e8m0_from_amax",
+    "e8m0_inverse_reference",
+    "e8m0_scale",
     "e8m0_to_float",
+    "encode_reference",
+    "expand_scales",
+    "group_amax_reference",
     "quantize",
     "quantize_128x128",
     "quantize_128x128_reference",

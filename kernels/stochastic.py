@@ -139,7 +139,7 @@ def _check_seed(seed):
 
 def _params(fmt: str, saturate: bool | None) -> dict:
     """Kernel constants for target ``fmt``; ``saturate=None`` means the hardware conversion's choice."""
-    spec = formats._SPECS[fmt]
+    spec = formats.ENCODE_SPECS[fmt]
     clip = (fmt != "bf16") if saturate is None else saturate
     return dict(
         M=spec.mantissa_bits,
@@ -231,9 +231,9 @@ def stochastic_round_reference(x: torch.Tensor, fmt: str, seed: int, saturate: b
     bits = x.detach().cpu().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     rand = random_bits(x.numel(), seed).reshape(x.shape)
     codes = stochastic_round_bits_reference(bits, rand, fmt, saturate)
-    width = formats._SPECS[fmt].width
+    width = formats.ENCODE_SPECS[fmt].width
     int_dtype = torch.uint8 if width == 8 else torch.int16
-    return formats._from_codes(codes, int_dtype).view(formats.TORCH_DTYPES[fmt]).to(x.device)
+    return formats.from_codes(codes, int_dtype).view(formats.TORCH_DTYPES[fmt]).to(x.device)
 
 
 # -- statistics --------------------------------------------------------------------------------------

@@ -86,10 +86,10 @@ def supported(a: torch.Tensor, n: int, k: int) -> bool:
         return False
     # imported here, not at the top: the module must also load on its own, without the kernels package
     # (which switches Triton to its interpreter on a machine with no GPU), for the sm_90 compile test
-    from kernels.device import _cuda_capabilities
+    from kernels.device import cuda_capabilities
 
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    return _cuda_capabilities(index).capability[0] == 9
+    return cuda_capabilities(index).capability[0] == 9
 
 
 if gl is not None:

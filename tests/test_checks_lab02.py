@@ -70,7 +70,7 @@ def torch_quantizer(
     if one_scale:
         amax = a.amax().reshape(1, 1).expand(-(-m // gm), -(-k // gk))
     elif unmasked_tail and k % gk:
-        amax = Q._group_amax_ref(xf, gm, gk).clone()
+        amax = Q.group_amax_reference(xf, gm, gk).clone()
         flat = torch.cat([a.reshape(-1), torch.zeros(gk, device=a.device)])
         for r in range(m):  # the tail group reads on past K, into the next row
             start = r * k + k - k % gk
@@ -91,9 +91,9 @@ def torch_quantizer(
     inv = 1.0 / s
     if twice:
         inv = inv * inv
-    inv_el = Q._expand(inv, gm, gk, m, k)
+    inv_el = Q.expand_scales(inv, gm, gk, m, k)
     if saturate:
-        q = Q._encode_ref(xf, inv_el, "e4m3")
+        q = Q.encode_reference(xf, inv_el, "e4m3")
     else:
         q = _no_sat_cast(xf * inv_el)
         q.view(torch.uint8)[~torch.isfinite(xf)] = 0x7F
@@ -182,12 +182,12 @@ def mxfp8(*, no_bias=False, always="", floor_of_ratio=False, transposed=False, s
         q, s = Q.quantize_mxfp8_reference(x, "e4m3", always or rounding)
         if floor_of_ratio:  # e = floor(log2(amax / 448)): one binade short, the top saturates
             xf = x.float().reshape(-1, x.shape[-1])
-            amax = Q._group_amax_ref(xf, 1, 32)
+            amax = Q.group_amax_reference(xf, 1, 32)
             e = torch.floor(torch.log2(amax / 448.0)).clamp(-127, 127)
             e = torch.where(amax == 0, torch.zeros_like(e), e)
             s = (e + 127).to(torch.uint8).reshape(s.shape)
-            inv = Q._expand(2.0 ** (-e), 1, 32, *xf.shape)
-            q = Q._encode_ref(xf, inv, "e4m3").reshape(x.shape)
+            inv = Q.expand_scales(2.0 ** (-e), 1, 32, *xf.shape)
+            q = Q.encode_reference(xf, inv, "e4m3").reshape(x.shape)
         if swap:
             s = (254 - s.to(torch.int32)).clamp(0, 254).to(torch.uint8)
         if no_bias:
@@ -259,7 +259,7 @@ def dequantize(q, s, granularity, *, twice=False, swap=False, byte_as_value=Fals
         sf = s.float() if byte_as_value else Q.e8m0_to_float(s)
     else:
         sf = s.float()
-    s_el = Q._expand(sf.reshape(-(-m // gm), -(-k // gk)), gm, gk, m, k).reshape(q.shape)
+    s_el = Q.expand_scales(sf.reshape(-(-m // gm), -(-k // gk)), gm, gk, m, k).reshape(q.shape)
     qf = q.float()
     if swap:
         return qf / s_el

@@ -54,7 +54,7 @@ def student_sr(x, fmt, seed, *, noise="right", shared=False, ignore_seed=False, 
     if nan_case:
         out = torch.where(is_nan, spec.sat_nan, out)
     int_dtype = torch.uint8 if spec.width == 8 else torch.int16
-    return formats._from_codes(out, int_dtype).view(formats.TORCH_DTYPES[fmt]).to(x.device)
+    return formats.from_codes(out, int_dtype).view(formats.TORCH_DTYPES[fmt]).to(x.device)
 
 
 def fresh_seed_each_call():
@@ -105,7 +105,7 @@ def drops_k_tail(a, b, pe):
 def ties_away(x):
     b = x.detach().cpu().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     out = torch.where((b & 0x7FFFFFFF) > 0x7F800000, 0x7FFF, (b + 0x8000) >> 16)
-    return formats._from_codes(out, torch.int16).view(torch.bfloat16).to(x.device)
+    return formats.from_codes(out, torch.int16).view(torch.bfloat16).to(x.device)
 
 
 WRONG_SOLUTIONS = {

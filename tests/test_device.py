@@ -30,10 +30,10 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
-        device._cuda_capabilities.cache_clear()
+        device.cuda_capabilities.cache_clear()
 
     yield make
-    device._cuda_capabilities.cache_clear()
+    device.cuda_capabilities.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -138,7 +138,7 @@ def test_gpu_environment_names_what_results_depend_on(monkeypatch):
         record.environment()
     )
     monkeypatch.setenv("KERNELS_COMMIT", "abc123")
-    assert bench._environment()["commit"] == "abc123"
+    assert bench.environment()["commit"] == "abc123"
 
 
 @pytest.mark.parametrize(("interpreter", "want"), [(True, "cpu"), (False, "cuda")])

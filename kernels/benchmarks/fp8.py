@@ -18,7 +18,7 @@ CHECK_ROWS = 256
 WISE = {"tensor": "tensorwise", "row": "rowwise", "block": "blockwise"}
 
 
-def _operands(m, n, k, scaling, seed=0):
+def operands(m, n, k, scaling, seed=0):
     from kernels import quantize as Q
 
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -50,13 +50,13 @@ def _gemm_bench(name, scaling, cublas_scaling):
 
     records = []
     for m, n, k in SHAPES:
-        x, w, qa, qb = _operands(m, n, k, scaling)
+        x, w, qa, qb = operands(m, n, k, scaling)
         ours = lambda qa=qa, qb=qb: G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling)  # noqa: E731
         _check(name, ours(), qa, qb, scaling)
         if cublas_scaling == scaling:
             ca, cb = qa, qb
         else:  # blockwise is compared with cuBLAS's tensorwise GEMM on the same data
-            _, _, ca, cb = _operands(m, n, k, cublas_scaling)
+            _, _, ca, cb = operands(m, n, k, cublas_scaling)
         baselines = {
             f"torch._scaled_mm {WISE[cublas_scaling]}": (
                 lambda ca=ca, cb=cb: G.scaled_mm(ca.q, cb.q, ca.s, cb.s, cublas_scaling)
@@ -130,4 +130,5 @@ __all__ = [
     "LINEAR",
     "SHAPES",
     "WISE",
+    "operands",
 ]

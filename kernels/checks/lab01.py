@@ -363,7 +363,7 @@ def fresh_encode_inputs(seed: int, n: int) -> InputSet:
 def _rounding_fields(u: np.ndarray, fmt: str, bias_shift: int = 0, implicit_in_subnormals: bool = True) -> tuple:
     """Where an fp32 pattern's rounding happens in ``fmt``: (sign, magnitude, subnormal target?, kept
     bits, dropped bits, half of the dropped range), all int64 arrays."""
-    spec = formats._SPECS[fmt]
+    spec = formats.ENCODE_SPECS[fmt]
     m, bias = spec.mantissa_bits, spec.bias + bias_shift
     u = u.astype(np.int64)
     sign, mag = (u >> 31) & 1, u & ABS
@@ -395,7 +395,7 @@ def encode_variant(
     implicit 1 is forgotten when denormalising; ``carry=False``: rounding up wraps inside the
     mantissa field instead of carrying into the exponent.  Saturation and NaN -> 0x7F as the hardware.
     """
-    spec = formats._SPECS[fmt]
+    spec = formats.ENCODE_SPECS[fmt]
     m = spec.mantissa_bits
     sign, mag, subnormal, kept, rem, half = _rounding_fields(u, fmt, bias_shift, implicit_in_subnormals)
     up = {
@@ -422,7 +422,7 @@ def diagnose_encode(u: np.ndarray, got: np.ndarray, want: np.ndarray, fmt: str) 
     A smell is a region of inputs plus the output a particular mistake produces there.  Once one is
     named, every mismatch that mistake explains is set aside, so one bug is reported once.
     """
-    spec = formats._SPECS[fmt]
+    spec = formats.ENCODE_SPECS[fmt]
     constant = constant_output(got, want, _h)
     if constant:
         return [constant]

@@ -184,7 +184,7 @@ def _inverse_smell(x2, s_want, got_c, expand) -> str:
     approx = _hopper_math.div(np.float32(1.0), sw).astype(np.float32)
     if np.array_equal(approx, (1.0 / s_want).numpy()):  # every group's 1/S comes out right either way
         return ""
-    codes = _codes(Q._encode_ref(x2, expand(torch.from_numpy(approx)), FMT)).reshape(got_c.shape)
+    codes = _codes(Q.encode_reference(x2, expand(torch.from_numpy(approx)), FMT)).reshape(got_c.shape)
     if np.array_equal(got_c, codes):
         return (
             "alpha = 1/S is not correctly rounded: the codes are x times 1.0 / S computed with `/` (approximate on the "
@@ -199,7 +199,7 @@ def diagnose(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, kind: str, **kw)
     xf = x.float().cpu()
     m, k, gm, gk = _groups_of(kind, tuple(x.shape))
     x2 = xf.reshape(m, k)
-    amax = Q._group_amax_ref(x2, gm, gk)  # (groups along M, groups along K)
+    amax = Q.group_amax_reference(x2, gm, gk)  # (groups along M, groups along K)
     s_got = _scale_values(s.cpu(), kind).reshape(amax.shape)
     s_want = _scale_values(want.s.cpu(), kind).reshape(amax.shape)
     got_c, want_c = _codes(q).reshape(m, k), _codes(want.q).reshape(m, k)
@@ -213,7 +213,7 @@ def diagnose(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, kind: str, **kw)
     finite_x = torch.isfinite(x2).numpy()
 
     def expand(v):
-        return Q._expand(v, gm, gk, m, k)
+        return Q.expand_scales(v, gm, gk, m, k)
 
     zero = amax == 0
     if zero.any() and (~torch.isfinite(s_got[zero]) | (s_got[zero] == 0)).any():
@@ -229,7 +229,7 @@ def diagnose(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, kind: str, **kw)
         )
     has_nan = torch.isnan(x2)
     if has_nan.any():
-        grp_nan = Q._group_amax_ref(torch.where(has_nan, 1.0, 0.0), gm, gk) > 0
+        grp_nan = Q.group_amax_reference(torch.where(has_nan, 1.0, 0.0), gm, gk) > 0
         if torch.isnan(s_got[grp_nan]).any() or torch.isinf(s_got).any():
             found.append(
                 "a NaN or inf input set its group's scale to NaN or inf: leave non-finite values out of amax "
@@ -298,14 +298,16 @@ def diagnose(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, kind: str, **kw)
             )
     if not found:
         inv_want = (
-            expand(1.0 / s_want) if kind != "mxfp8" else expand(Q._e8m0_inv_ref(want.s.cpu().reshape(amax.shape)))
+            expand(1.0 / s_want)
+            if kind != "mxfp8"
+            else expand(Q.e8m0_inverse_reference(want.s.cpu().reshape(amax.shape)))
         )
         inverse = _inverse_smell(x2, s_want, got_c, expand) if bad_c.any() and kind != "mxfp8" else ""
         if inverse:
             found.append(inverse)
         elif bad_c.any():
-            twice = _codes(Q._encode_ref(x2, inv_want * inv_want, FMT)).reshape(m, k)
-            times_s = _codes(Q._encode_ref(x2, expand(s_want), FMT)).reshape(m, k)
+            twice = _codes(Q.encode_reference(x2, inv_want * inv_want, FMT)).reshape(m, k)
+            times_s = _codes(Q.encode_reference(x2, expand(s_want), FMT)).reshape(m, k)
             hit = bad_c & (got_c == twice)
             if hit.sum() >= 0.5 * bad_c.sum():
                 found.append("scale applied twice: the codes are x / S^2; multiply x by 1/S once")
@@ -558,7 +560,7 @@ def _dequant_smells(q, s, kind, g, w) -> list:
     n_gk = -(-k // gk)
 
     def per_element(v):
-        return Q._expand(v.reshape(-1, n_gk), gm, gk, m, k).reshape(q.shape)
+        return Q.expand_scales(v.reshape(-1, n_gk), gm, gk, m, k).reshape(q.shape)
 
     s_el = per_element(_scale_values(s.cpu(), kind))
     nan_g, nan_w = torch.isnan(g), torch.isnan(w)
@@ -669,8 +671,8 @@ def fresh_matmul_inputs(seed: int, m: int, n: int, k: int):
 
 def block_scaled_matmul_reference(aq, a_s, wq, w_s) -> torch.Tensor:
     """``y[i, j] = sum_b a_s[i, b] * w_s[j // 128, b] * sum_{k in block b} aq[i, k] * wq[j, k]`` in float64."""
-    a = aq.double().cpu() * Q._expand(a_s.double().cpu(), 1, 128, *aq.shape)
-    w = wq.double().cpu() * Q._expand(w_s.double().cpu(), 128, 128, *wq.shape)
+    a = aq.double().cpu() * Q.expand_scales(a_s.double().cpu(), 1, 128, *aq.shape)
+    w = wq.double().cpu() * Q.expand_scales(w_s.double().cpu(), 128, 128, *wq.shape)
     return a @ w.T
 
 
@@ -692,8 +694,8 @@ def check_block_scaled_matmul(fn, inputs: tuple | None = None) -> None:
             f"{getattr(y, 'shape', y)}"
         )
     want = block_scaled_matmul_reference(aq, a_s, wq, w_s)
-    a_abs = aq.double().cpu().abs() * Q._expand(a_s.double().cpu(), 1, 128, *aq.shape)
-    w_abs = wq.double().cpu().abs() * Q._expand(w_s.double().cpu(), 128, 128, *wq.shape)
+    a_abs = aq.double().cpu().abs() * Q.expand_scales(a_s.double().cpu(), 1, 128, *aq.shape)
+    w_abs = wq.double().cpu().abs() * Q.expand_scales(w_s.double().cpu(), 128, 128, *wq.shape)
     bound = 1e-5 * (a_abs @ w_abs.T)
     err = (y.double().cpu() - want).abs()
     if (err <= bound).all():
@@ -719,13 +721,13 @@ def check_block_scaled_matmul(fn, inputs: tuple | None = None) -> None:
             )
             break
     if not lines:
-        sq = (qa * Q._expand(a_s.double().cpu() ** 2, 1, 128, *aq.shape)) @ (
-            qw * Q._expand(w_s.double().cpu() ** 2, 128, 128, *wq.shape)
+        sq = (qa * Q.expand_scales(a_s.double().cpu() ** 2, 1, 128, *aq.shape)) @ (
+            qw * Q.expand_scales(w_s.double().cpu() ** 2, 128, 128, *wq.shape)
         ).T
         if _near(yd, sq):
             lines.append("scale applied twice: each operand multiplied by S^2")
-        inv = (qa / Q._expand(a_s.double().cpu(), 1, 128, *aq.shape)) @ (
-            qw / Q._expand(w_s.double().cpu(), 128, 128, *wq.shape)
+        inv = (qa / Q.expand_scales(a_s.double().cpu(), 1, 128, *aq.shape)) @ (
+            qw / Q.expand_scales(w_s.double().cpu(), 128, 128, *wq.shape)
         ).T
         if _near(yd, inv):
             lines.append("S and alpha swapped: the codes were divided by S; the values are S * q")

@@ -75,7 +75,7 @@ def _candidates(qa, qb, scaling) -> dict:
     a, b = qa.q.double(), qb.q.double()
     m, k = a.shape
     n = b.shape[0]
-    sa, sb = G._expanded_scales(qa.s, qb.s, scaling, m, n, k, torch.float64)
+    sa, sb = G.expanded_scales(qa.s, qb.s, scaling, m, n, k, torch.float64)
     out = {
         "scales divided instead of multiplied (1/S used where S belongs: x ~= S * q, so the epilogue "
         "multiplies by S)": ((a / sa) @ (b / sb).T),
