@@ -3,9 +3,9 @@
     python tests/_remote_judge.py 00_bf16_rounding     # prints one JSON list of verdicts
 
 The solutions of ``tests/test_checks_labNN.py`` (``STUDENT_SOLUTIONS``, ``WRONG_SOLUTIONS``,
-``HIDDEN_CATCHES``) live in a second process, served by :func:`kernels.grade_rpc.serve` as a sandbox
+``HIDDEN_CATCHES``) live in a second process, served by :func:`kernels.grade.rpc.serve` as a sandbox
 serves a notebook's names; this process runs the question's otter test against
-:class:`kernels.grade_rpc.Remote` proxies of them, as the grader's judge does.  Both run in CPU mode,
+:class:`kernels.grade.rpc.Remote` proxies of them, as the grader's judge does.  Both run in CPU mode,
 as the grader does on any machine.
 """
 
@@ -31,7 +31,7 @@ def _modules():
 
 
 def serve(lab_stem: str, in_fd: int, out_fd: int):
-    from kernels import grade_rpc
+    from kernels.grade import rpc as grade_rpc
 
     W = _modules()
     lab = ROOT / "labs" / f"{lab_stem}.ipynb"
@@ -48,7 +48,7 @@ def serve(lab_stem: str, in_fd: int, out_fd: int):
 def judge(lab_stem: str) -> list:
     from otter.test_files.exception_test import ExceptionTestFile
 
-    from kernels import grade_rpc
+    from kernels.grade import rpc as grade_rpc
 
     W = _modules()
     tests = W.lab_questions(ROOT / "labs" / f"{lab_stem}.ipynb")

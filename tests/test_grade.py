@@ -16,6 +16,9 @@ import pytest
 from _once import once
 
 from kernels import grade
+from kernels.grade import command
+from kernels.grade.isolation import JudgeServer
+from kernels.grade.results import diagnosis
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBMISSIONS = ROOT / "tests" / "submissions"
@@ -143,13 +146,13 @@ def test_a_rerun_grades_nothing_twice_and_force_regrades(graded, monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("an already graded submission was run again")
 
-    monkeypatch.setattr(grade, "run_isolated", must_not_run)
+    monkeypatch.setattr(command, "run_isolated", must_not_run)
     again = grade.grade([SUBMISSIONS], graded["out"], labs=_labs(), limits=grade.Limits(**LIMITS), progress=False)
     assert again == graded["results"]
     assert (graded["out"] / "scores.csv").read_text() == before
 
     ran = []
-    monkeypatch.setattr(grade, "run_isolated", lambda sub, *a: ran.append(sub.student) or _fake(sub))
+    monkeypatch.setattr(command, "run_isolated", lambda sub, *a: ran.append(sub.student) or _fake(sub))
     grade.grade(
         [SUBMISSIONS / "bob_00_bf16_rounding.ipynb"],
         graded["out"],
@@ -194,7 +197,7 @@ def test_an_interrupted_run_loses_nothing(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return _fake(sub)
 
-    monkeypatch.setattr(grade, "run_isolated", interrupted)
+    monkeypatch.setattr(command, "run_isolated", interrupted)
     with pytest.raises(KeyboardInterrupt):
         grade.grade([subs], out, labs=_labs(), jobs=1, limits=grade.Limits(**LIMITS), progress=False)
     # what finished before the interruption is on disk (cat may or may not have started), ben is not
@@ -203,7 +206,7 @@ def test_an_interrupted_run_loses_nothing(tmp_path, monkeypatch):
     assert len(list((out / "results").glob("*.json"))) == len(stored) and not list(out.rglob(".*"))
 
     calls.clear()
-    monkeypatch.setattr(grade, "run_isolated", lambda sub, *a: calls.append(sub.student) or _fake(sub))
+    monkeypatch.setattr(command, "run_isolated", lambda sub, *a: calls.append(sub.student) or _fake(sub))
     grade.grade([subs], out, labs=_labs(), jobs=1, limits=grade.Limits(**LIMITS), progress=False)
     assert calls == [s for s in ["ann", "ben", "cat"] if s not in stored]
     assert [r["student"] for r in _rows(out / "scores.csv")] == ["ann", "ben", "cat"]
@@ -362,7 +365,7 @@ def test_self_paced_checks_agree_with_the_batch_grader(graded, student, tmp_path
             assert ("All test cases passed!" in text) == passed, f"{student} {q}: {text[:300]}"
             for case in public:
                 if not case["passed"]:  # the same diagnosis, word for word
-                    assert grade._diagnosis(case["message"]).splitlines()[0] in text
+                    assert diagnosis(case["message"]).splitlines()[0] in text
 
 
 def test_a_failing_judge_is_the_graders_error_on_its_own_row(tmp_path, monkeypatch):
@@ -371,7 +374,7 @@ def test_a_failing_judge_is_the_graders_error_on_its_own_row(tmp_path, monkeypat
     def broken(self, tests, fds):
         raise RuntimeError("the judge server has stopped: simulated")
 
-    monkeypatch.setattr(grade._JudgeServer, "start", broken)
+    monkeypatch.setattr(JudgeServer, "start", broken)
     sample = SUBMISSIONS / "bob_00_bf16_rounding.ipynb"
     results = grade.grade([sample], tmp_path / "out", labs=_labs(), limits=grade.Limits(**LIMITS), progress=False)
     assert [(r["status"], r["total"]) for r in results] == [("grader-error", 0)]

@@ -1,4 +1,4 @@
-"""The plain-data calls between the grader's judge and a sandbox (kernels.grade_rpc).
+"""The plain-data calls between the grader's judge and a sandbox (kernels.grade.rpc).
 
 What crosses must come back as it went (values, dtypes, layouts, in-place writes, exceptions by name),
 and nothing the sandbox sends may make the judge run code: no pickle, no names outside the package, no
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import formats, grade_rpc
+from kernels import formats
 from kernels._bounds import OutOfBounds
 from kernels.checks import call_student
+from kernels.grade import rpc as grade_rpc
 
 
 def _round_trip(value, refs=None):

@@ -1,4 +1,5 @@
-"""The package's layout: no import cycle among the modules of ``kernels``.
+"""The package's layout: no import cycle among the modules of ``kernels``, and the grader's modules keep
+their private names to themselves.
 
 Each module of ``kernels/`` is a node (a package's ``__init__`` is the node of the package's own name,
 ``kernels`` included) and each import of one by another is an edge, wherever the import stands: at the
@@ -38,25 +39,55 @@ def _owner(name: str, modules: dict) -> str | None:
     return name or None
 
 
+def _source(node: ast.ImportFrom, module: str, path: Path) -> str:
+    """The absolute name of the module a ``from ... import`` takes from (``from . import x`` too)."""
+    if not node.level:
+        return node.module or ""
+    package = (module if path.name == "__init__.py" else module.rpartition(".")[0]).split(".")
+    return ".".join(package[: len(package) - (node.level - 1)] + ([node.module] if node.module else []))
+
+
 def imports_of(module: str, path: Path, modules: dict) -> set:
     """The modules among ``modules`` that ``module`` (the file ``path``) imports, anywhere in it."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):  # import kernels.x.y [as z]
             found.update(_owner(alias.name, modules) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # from . import x, from .x import y
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
-            for alias in node.names:  # from kernels import x: the submodule x if there is one
+        elif isinstance(node, ast.ImportFrom):  # from kernels import x: the submodule x if there is one
+            source = _source(node, module, path)
+            for alias in node.names:
                 child = f"{source}.{alias.name}"
                 found.add(child if child in modules else _owner(source, modules))
     found.discard(None)
     found.discard(module)
     return found
+
+
+def private_names_used(module: str, path: Path, modules: dict) -> list:
+    """[(module it belongs to, private name)] for each private name (``_x``, not ``__x__``) of another
+    module of the package that ``module`` imports (``from m import _x``) or reads (``m._x``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    bound, used = {}, []  # local name -> the module of the package it is
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _source(node, module, path)
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:
+                    bound[alias.asname or alias.name] = f"{source}.{alias.name}"
+                elif source in modules and alias.name.startswith("_") and source != module:
+                    used.append((source, alias.name))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules:
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else "kernels"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            dotted = ast.unparse(node.value)
+            head, _, rest = dotted.partition(".")
+            owner = ".".join(filter(None, [bound.get(head), rest])) if head in bound else None
+            if owner in modules and owner != module and f"{owner}.{node.attr}" not in modules:
+                used.append((owner, node.attr))
+    return sorted(set(used))
 
 
 def import_graph(package: Path = PACKAGE) -> dict:
@@ -141,3 +172,34 @@ def test_the_graph_sees_every_kind_of_import(tmp_path):
 def test_no_import_cycle_among_the_packages_modules():
     found = cycles(import_graph())
     assert not found, "import cycles among kernels' modules: " + "; ".join(" -> ".join(c) for c in found)
+
+
+GRADER = ("kernels.grade", "kernels._bounds")
+
+
+def test_the_graders_modules_use_no_private_name_of_another():
+    """Where one module of the grader needs another's helper, the helper is public (or moved)."""
+    modules = module_names()
+    found = []
+    for name, path in modules.items():
+        for owner, private in private_names_used(name, path, modules):
+            if any(m == g or m.startswith(g + ".") for m in (name, owner) for g in GRADER):
+                found.append(f"{name} uses {owner}.{private}")
+    assert not found, "; ".join(found)
+
+
+def test_private_names_are_seen_however_they_are_reached(tmp_path):
+    package = tmp_path / "kernels"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("_helper = 1\n")
+    (package / "b.py").write_text(
+        "from kernels.a import _helper\nimport kernels.a\nfrom kernels import a as alias\n"
+        "x = kernels.a._other + alias._third + alias.__name__\n"
+    )
+    modules = module_names(package)
+    assert private_names_used("kernels.b", package / "b.py", modules) == [
+        ("kernels.a", "_helper"),
+        ("kernels.a", "_other"),
+        ("kernels.a", "_third"),
+    ]

@@ -12,7 +12,7 @@ exercise reads as "not done yet" rather than as a traceback, and asking quietly 
 so that a notebook can fall back to the package's kernel.
 
 In a notebook the student's objects are the real thing.  In the batch grader they are
-:class:`kernels.grade_rpc.Remote` proxies for objects that live in the submission's sandbox: the checks
+:class:`kernels.grade.rpc.Remote` proxies for objects that live in the submission's sandbox: the checks
 run in a process that never runs student code, so they ask about a student object only through what a
 proxy supports (calls, attributes, items) and the helpers here (:func:`is_class`,
 :func:`is_triton_function`), and run any part that needs the student's live objects (a model, an
@@ -55,7 +55,7 @@ def call_student(fn, *args, name: str, question: str):
         raise
     except Exception as e:  # a student's bug of any kind; shown with its type, the traceback chained
         # The interpreter wraps the bounds check's error (in the grader's judge, the sandbox's error
-        # rebuilt by kernels.grade_rpc, still an OutOfBounds).
+        # rebuilt by kernels.grade.rpc, still an OutOfBounds).
         cause = e
         while cause is not None and not isinstance(cause, OutOfBounds):
             cause = cause.__cause__ or cause.__context__
@@ -102,14 +102,14 @@ def student_side(func, *args, **kwargs):
     object that is not plain data comes back as a proxy).  Use it for the part of a check that drives
     student objects through live state (training steps, autograd), and keep the comparison with the
     reference out of ``func``."""
-    from kernels.grade_rpc import run_student_side
+    from kernels.grade.rpc import run_student_side
 
     return run_student_side(func, args, kwargs)
 
 
 def type_name(obj) -> str:
     """``type(obj).__name__``; for the grader's proxy of a student object, the student object's type."""
-    from kernels.grade_rpc import Remote
+    from kernels.grade.rpc import Remote
 
     if isinstance(obj, Remote):
         return obj._info.get("type") or "object"
@@ -118,7 +118,7 @@ def type_name(obj) -> str:
 
 def is_class(obj) -> bool:
     """True for a class, and for the grader's proxy of a student's class."""
-    from kernels.grade_rpc import remote_kind
+    from kernels.grade.rpc import remote_kind
 
     return isinstance(obj, type) or remote_kind(obj) == "class"
 
@@ -128,7 +128,7 @@ def is_triton_function(obj) -> bool:
     proxy of one."""
     import triton
 
-    from kernels.grade_rpc import remote_is_triton_function
+    from kernels.grade.rpc import remote_is_triton_function
 
     return isinstance(obj, triton.runtime.KernelInterface) or remote_is_triton_function(obj)
 

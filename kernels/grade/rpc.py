@@ -1,4 +1,7 @@
-"""Plain-data calls between the grader's judge and a submission's sandbox.
+"""Plain-data calls between the grader's judge and a submission's sandbox: :func:`serve` (the sandbox's
+side), :class:`Client` and the :class:`Remote` proxies it hands out (the judge's side), the framing
+(:func:`write_message`, :func:`read_message`) and its values (:class:`Encoder`, :class:`Decoder`), and
+:func:`time_limit`; :func:`run_student_side` and the ``remote_*`` questions serve :mod:`kernels.checks`.
 
 The batch grader (:mod:`kernels.grade`) never runs a lab's checks in the process that ran the student's
 notebook: whatever that process did to itself (replaced a reference, wrapped otter, patched numpy, hooked
@@ -46,6 +49,32 @@ import numpy as np
 import torch
 
 from kernels._bounds import OutOfBounds
+
+__all__ = [
+    "MAX_MESSAGE",
+    "Client",
+    "Decoder",
+    "Encoder",
+    "ProtocolError",
+    "Refs",
+    "Remote",
+    "RemoteCallable",
+    "RemoteError",
+    "RemoteObject",
+    "SandboxGone",
+    "TimeLimit",
+    "describe",
+    "describe_exception",
+    "is_remote",
+    "read_message",
+    "remote_info",
+    "remote_is_triton_function",
+    "remote_kind",
+    "run_student_side",
+    "serve",
+    "time_limit",
+    "write_message",
+]
 
 MAX_MESSAGE = 1 << 30  # bytes; a sandbox that sends more is cut off, not believed
 _HEADER = struct.Struct("<QI")  # total length, JSON length
@@ -468,6 +497,12 @@ def remote_kind(obj) -> str | None:
 
 def remote_is_triton_function(obj) -> bool:
     return isinstance(obj, Remote) and bool(obj._info.get("jit"))
+
+
+def remote_info(obj) -> dict:
+    """What the sandbox told of the object a :class:`Remote` stands for (:func:`describe`: its module,
+    kind, type and names); {} for anything else."""
+    return dict(obj._info) if isinstance(obj, Remote) else {}
 
 
 def _rebuild(chain: list) -> BaseException:

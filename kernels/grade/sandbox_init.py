@@ -1,4 +1,6 @@
-"""The first process of a grading sandbox's PID namespace (run as a script: it imports nothing heavy).
+"""The first process of a grading sandbox's PID namespace: :func:`main`, run as a script by its path
+(``unshare ... python kernels/grade/sandbox_init.py SPEC``, from :func:`kernels.grade.isolation.run_isolated`),
+so that it imports nothing heavy, not even the package.
 
 ``unshare --pid --fork`` makes this process the namespace's init: when it exits, the kernel kills every
 process left in the namespace, so nothing a notebook starts outlives its sandbox; and the signals a
@@ -12,6 +14,8 @@ import ctypes
 import os
 import signal
 import sys
+
+__all__ = ["main"]
 
 
 def main(argv) -> int:
