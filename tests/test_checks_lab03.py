@@ -29,7 +29,7 @@ DEVICE = default_device()
 
 def student_sr(x, fmt, seed, *, noise="right", shared=False, ignore_seed=False, saturate=None, nan_case=True):
     """Stochastic rounding by the integer recipe, with switches for the mistakes students make."""
-    spec = formats._SPECS[fmt]
+    spec = formats.ENCODE_SPECS[fmt]
     m = spec.mantissa_bits
     saturate = fmt != "bf16" if saturate is None else saturate  # as the hardware conversion
     b = x.detach().cpu().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
