@@ -1,5 +1,8 @@
 """Compiled Triton's approximate fp32 math on Hopper, reproduced bit for bit in NumPy for CPU mode.
 
+Appendix A (CPU mode), no lab.  Entry points: :func:`div`, :func:`sqrt`, :func:`rsqrt`, :func:`exp`,
+:func:`exp2`, :func:`log`, :func:`log2`.
+
 On an H100/H200, Triton 3.6 compiles fp32 arithmetic that is *not* IEEE-correct:
 
 * ``x / y`` is ``div.full.f32``, which ptxas turns into: if ``|y| > 2^126``, multiply both by 1/4; if

@@ -1,5 +1,8 @@
 """Make Triton's CPU interpreter round like compiled Triton on a Hopper GPU.
 
+Appendix A (CPU mode), no lab.  Entry points: :func:`install` (``import kernels`` calls it),
+:func:`uninstall`, :func:`installed`.
+
 Up to at least Triton 3.8, the interpreter gets low-precision numerics wrong: fp32 -> fp8 loses the
 rounding carry (124.59 -> 64), rounds ties away from zero, does not saturate (464 -> NaN), truncates
 subnormals and maps NaN to 384; fp32 -> bf16 truncates; bf16 arithmetic and ``tl.dot`` on bf16

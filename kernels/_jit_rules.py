@@ -1,5 +1,8 @@
 """Make CPU mode refuse the kernels that compiled Triton refuses.
 
+Appendix A (CPU mode), no lab.  Entry points: :func:`install`, :func:`check_launch`,
+:class:`JitRuleError`.
+
 Triton's CPU interpreter runs a ``@triton.jit`` function as ordinary Python, so it accepts code that
 the compiler rejects: a kernel finished on a laptop then fails on the GPU.  The most common case is a
 module-level constant read inside a kernel (``MISSES_NAN = True``, then ``if MISSES_NAN:``): the

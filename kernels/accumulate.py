@@ -1,6 +1,9 @@
 """Accumulation: a dot-product kernel with a selectable accumulator, Kahan summation, and a probe of
 the FP8 tensor-core accumulator with the fp32 promotion that repairs it.
 
+Chapter 3 and Lab 03 (diagnostics).  Entry points: :func:`dot`, :func:`fp8_matmul`,
+:func:`accumulator_probe`, :func:`relative_error`.
+
 * :func:`dot` computes row-wise dot products ``sum_k a[m, k] * b[m, k]`` (or row sums) with a running
   accumulator of fp16, bf16 or fp32, plain or compensated (Kahan).  Each of ``LANES`` lanes adds every
   ``LANES``-th product in sequence, so a lane's chain has ``K / LANES`` additions, each rounded to the

@@ -1,5 +1,8 @@
 """fp32 -> bf16 conversion, three ways that must agree bit for bit.
 
+Chapter 1 and Lab 00 (bf16 rounding), which builds :func:`fp32_to_bf16_rne`.  Entry points:
+:func:`fp32_to_bf16_rne`, :func:`hardware_bf16`, :func:`fp32_to_bf16_reference`.
+
 * :func:`fp32_to_bf16_rne` rounds to nearest even with integer operations only, the way Lab 0 teaches
   it: a bf16 is the upper half of an fp32, so rounding is "add a bias to the 32-bit pattern, keep the
   top 16 bits".

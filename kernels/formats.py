@@ -1,5 +1,8 @@
 """Number formats as data, a decoder for all of them, and an integer-ops encoder fp32 -> fp8/bf16.
 
+Chapter 1 and Lab 01 (formats encoder), which builds :func:`encode`.  Entry points: :data:`FORMATS`,
+:func:`decode`, :func:`encode`, :func:`properties`.
+
 The single source of truth for what a format *is*: every later chapter takes its field widths,
 biases, special values and limits from :data:`FORMATS`.
 

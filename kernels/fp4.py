@@ -1,6 +1,9 @@
 """FP4 (E2M1) with block scales: NVFP4 and MXFP4 quantizers, packing, dequantization, a weight-only
 W4A16 GEMM that dequantizes in registers, and a blockwise Hadamard rotation.
 
+Chapter 6 and Lab 06 (FP4 weight-only).  Entry points: :func:`quantize_fp4`, :func:`dequantize_fp4`,
+:func:`w4a16_matmul`, :func:`w4a16_dot_scaled`, :func:`hadamard_rotate`, each with its ``*_reference``.
+
 The element format is E2M1 (:data:`kernels.formats.E2M1`): a sign and eight magnitudes
 ``{0, 0.5, 1, 1.5, 2, 3, 4, 6}``, no inf, no NaN.  Four bits cannot carry a tensor's range, so every
 small block of consecutive elements along a row (the GEMM's K axis) shares a scale:

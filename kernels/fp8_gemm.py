@@ -1,5 +1,8 @@
 """Scaled FP8 GEMMs: ``C = (S_a * A) @ (S_b * B)^T`` with FP8 codes, fp32 accumulation, bf16 output.
 
+Chapter 5 and Lab 05 (FP8 GEMM).  Entry points: :func:`fp8_gemm`, :func:`fp8_gemm_rowwise`,
+:func:`fp8_gemm_blockwise`, :func:`fp8_gemm_v1`, :func:`scaled_mm` (cuBLAS), :func:`fp8_gemm_reference`.
+
 Operands and layout
 -------------------
 ``a`` is ``(M, K)`` and ``b`` is ``(N, K)``, both row-major, so both are *K-major*: the layout Hopper's

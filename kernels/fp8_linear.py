@@ -1,5 +1,8 @@
 """An FP8 linear layer that trains: the three GEMMs of ``nn.Linear`` in FP8, the rest in bf16/fp32.
 
+Chapter 5 and Lab 05 (FP8 GEMM).  Entry points: :class:`FP8Linear`, :func:`fp8_linear`,
+:func:`swap_linears`, :func:`fp8_linear_reference`.
+
 Forward and backward of ``Y = X W^T + b`` (``X`` ``(T, in)``, ``W`` ``(out, in)``) are three GEMMs, each
 run by :func:`kernels.fp8_gemm.fp8_gemm` as ``C = A B^T`` with both operands K-major:
 

@@ -1,5 +1,8 @@
 """Small kernels that each show one numerical failure, with a switch that puts the classic bug in.
 
+Chapter 3 and Lab 03 (diagnostics).  Entry points: :func:`row_mean`, :func:`softmax`,
+:func:`variance`, :func:`to_bf16`, :func:`quantize_fp8`, each with its ``*_reference``.
+
 Every function takes the correct path by default; the keyword that names the bug selects the broken
 one, so a chapter or a test can show the failure, the fix and the detector side by side, and a lab
 can hand out the broken kernel.  A plain-PyTorch reference (float64 inside) sits beside each.

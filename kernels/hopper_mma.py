@@ -1,5 +1,7 @@
 """A bit-exact NumPy model of Hopper's FP8 tensor-core dot with an fp32 accumulator.
 
+Appendix A (CPU mode), no lab.  Entry point: :func:`fp8_matmul`.
+
 On sm_90, Triton lowers ``tl.dot(a, b, acc)`` on FP8 operands (``float8e4nv`` = e4m3, ``float8e5`` =
 e5m2) with an fp32 ``acc`` to a sequence of ``wgmma.mma_async ... .f32.e4m3.e4m3`` (or ``.e5m2``)
 instructions, each adding K = :data:`MMA_K` = 32 products to the accumulator, in increasing K order.

@@ -1,5 +1,9 @@
 """Scaled FP8 quantization kernels: per tensor, per row, 1x128 groups, 128x128 blocks and MXFP8.
 
+Chapter 2 and Lab 02 (quantizers).  Entry points: :func:`quantize`, :func:`quantize_tensor`,
+:func:`quantize_rowwise`, :func:`quantize_1x128`, :func:`quantize_128x128`, :func:`quantize_mxfp8`,
+:func:`dequantize`, :class:`DelayedScaling`, each kernel with its ``*_reference`` beside it.
+
 The single implementation every later chapter imports (the FP8 GEMM reads what these write).
 
 Convention, everywhere in this module

@@ -1,5 +1,8 @@
 """Stochastic rounding fp32 -> bf16 / e4m3fn / e5m2 in a Triton kernel, seeded and reproducible.
 
+Chapter 3 and Lab 03 (diagnostics).  Entry points: :func:`stochastic_round`, :func:`random_bits`,
+:func:`stochastic_round_reference`.
+
 Round to nearest maps ``x`` to the nearer of its two neighbours ``lo <= x <= hi`` in the target
 format, so a small increment can vanish every time it is applied.  Stochastic rounding picks ``hi``
 with probability ``(x - lo) / (hi - lo)`` and ``lo`` otherwise, so that ``E[SR(x)] = x`` exactly for

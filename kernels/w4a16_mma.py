@@ -1,6 +1,9 @@
 """The W4A16 GEMM for decode shapes on Hopper, written in Gluon: packed FP4 weights go from memory
 straight into the registers of a bf16 ``mma.sync`` operand, with no trip through shared memory.
 
+Chapter 6 (no lab builds it: Lab 06 builds the ``tl.dot`` kernel).  Entry points: :func:`w4a16_mma`,
+:func:`supported`.
+
 :func:`kernels.fp4.w4a16_matmul` uses this kernel on an sm_90 GPU for ``M <= 16`` rows of activations
 when K is a multiple of :func:`k_multiple`; everywhere else (the interpreter, other GPUs, larger M) it
 runs the ``tl.dot`` kernel of chapter 6, which is the one the lab builds.
@@ -33,17 +36,13 @@ itself, so the decode can produce the operand's registers directly:
   MXFP4: ``2^(e-127)`` is applied as two bf16 factors ``2^(min(e,128)-1)`` and ``2^(max(e,128)-128)``
   so that every E8M0 exponent, 0 to 254 (and 255, NaN), is exact.
 
-Measured on an H200 (``python -m kernels.bench fp4_w4a16_gemm``, N = K = 8192): 1.9x bf16 ``torch.matmul``
-at M = 1 and 1.4-1.5x at M = 16, against about 0.75x for the ``tl.dot`` kernel.  The same benchmark times a
-kernel that only reads the weight's bytes: it reaches about 3.0x (NVFP4) to 3.2x (MXFP4) of bf16, not
-the 3.6-3.8x of the byte ratio, because a call this short pays launch and ramp-up in full; this kernel
-runs at about 60% of that ceiling at M = 1 and under 50% at M = 16.  Nsight Compute at M = 1: DRAM
-busy under half of the time, fewer than four warps per scheduler (512 CTAs are less than one wave),
-an instruction issued in 60% of cycles and about six cycles per instruction, mostly waiting on loads.
-The kernel is bound by its own per-weight integer work (about four instructions per weight: decode,
-scale, activation permutation) and by too few loads in flight; at M = 16 the activations also cost
-registers and L2 traffic (each CTA reads all of them).  Levers left: a weight layout rearranged at
-quantization time (fewer instructions per code, no activation permutation) and more loads in flight.
+How fast it runs, against bf16 ``torch.matmul``, the ``tl.dot`` kernel and a kernel that only reads
+the weight's bytes, is measured by ``python -m kernels.bench fp4_w4a16_gemm`` and discussed in
+Chapter 6.  What bounds it, from Nsight Compute at decode shapes: too few warps per scheduler and too
+few loads in flight, and its own per-weight integer work (decode, scale, activation permutation); with
+more rows of activations, their registers and L2 traffic too (each CTA reads all of them).  Levers
+left: a weight layout rearranged at quantization time (fewer instructions per code, no activation
+permutation) and more loads in flight.
 """
 
 import torch
@@ -62,9 +61,8 @@ MAX_M = 16  # two n8 tiles of tokens
 
 def block_n(m: int) -> int:
     """Weight rows (output columns) per CTA, one or two m16 tiles: 16 at M <= 8, where the small tile
-    leaves registers for more CTAs in flight (on the H200 1.88x bf16 at M = 1 against 1.75x with 32);
-    32 above, where each CTA's read of all 16 activation rows from L2 serves twice as many weight rows
-    (1.35x against 0.75x with 16 at M = 16)."""
+    leaves registers for more CTAs in flight; 32 above, where each CTA's read of all 16 activation rows
+    from L2 serves twice as many weight rows (both chosen with the ``fp4_w4a16_gemm`` benchmark)."""
     return 16 if m <= 8 else 32
 
 

@@ -1,6 +1,7 @@
 """The chapter map in ``kernels/__init__.py`` (and the README) names modules that exist, and every
 chapter kernel, check and benchmark module appears in it."""
 
+import importlib
 import re
 
 import kernels
@@ -53,3 +54,22 @@ def test_the_readme_carries_the_same_map():
     named = chapter_map()
     absent = [n for names in named.values() for n in names if f"`{n}`" not in readme]
     assert not absent, f"README.md's chapter map lacks {absent}"
+
+
+def test_each_chapter_module_says_which_chapter_and_lab_use_it():
+    """A module's docstring names, after its first line, the chapter and the lab that use it, and its
+    entry points."""
+    text = kernels.__doc__.split("Chapter map:", 1)[1].split("Beside them:", 1)[0]
+    wrong = []
+    for entry in [" ".join(e.split()) for e in re.split(r"\n\* ", text)][1:]:
+        chapter = re.match(r"(Chapter \d|Appendix A)", entry).group(1)
+        labs = re.findall(r"\b(\d\d) \(", entry.split("Kernels:")[0])
+        for name in re.findall(r"``(\w+)``", re.search(r"Kernels: ([^.]+)\.", entry).group(1)):
+            doc = importlib.import_module(f"kernels.{name}").__doc__
+            opening = " ".join(doc.split("\n\n")[1].split())
+            has_lab = any(f"Lab {lab}" in opening for lab in labs) or not labs or "no lab" in opening
+            if not (opening.startswith(chapter) and has_lab and "Entry point" in opening):
+                wrong.append(f"kernels.{name}: {opening[:80]!r}")
+    assert not wrong, "docstrings whose second paragraph does not name chapter, lab and entry points:\n" + "\n".join(
+        wrong
+    )
