@@ -6,7 +6,7 @@ the instructor's review (:data:`REVIEW`).
 
 from __future__ import annotations
 
-from pathlib import Path
+from kernels import ROOT  # the checkout (labs/, solutions/, tests/): the package's one ROOT
 
 __all__ = [
     "DEFAULT_CELL_S",
@@ -22,7 +22,6 @@ __all__ = [
 ]
 
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout (labs/, solutions/, tests/), above kernels/grade/
 GRADER_VERSION = 1  # part of every result's key: bump when grading itself changes
 
 DEFAULT_TIMEOUT_S = 600
