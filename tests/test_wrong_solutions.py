@@ -345,7 +345,7 @@ def test_each_hidden_catch_passes_the_public_test_and_fails_a_hidden_one(lab, qu
 @pytest.mark.parametrize("lab", LABS, ids=lambda p: p.stem)
 def test_the_graders_judge_gives_every_solution_the_same_verdict(lab):
     """The grader runs the checks in a judge process that holds only proxies of the student's objects
-    (kernels.grade_rpc): every right solution still gets full marks there and every wrong one loses
+    (kernels.grade.rpc): every right solution still gets full marks there and every wrong one loses
     points, with a diagnosis, not a failure of the proxies.  Run as the grader runs, in CPU mode."""
     env = {**os.environ, "KERNELS_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(

@@ -109,10 +109,10 @@ def student_side(func, *args, **kwargs):
 
 def type_name(obj) -> str:
     """``type(obj).__name__``; for the grader's proxy of a student object, the student object's type."""
-    from kernels.grade.rpc import Remote
+    from kernels.grade.rpc import Remote, remote_info
 
     if isinstance(obj, Remote):
-        return obj._info.get("type") or "object"
+        return remote_info(obj).get("type") or "object"
     return type(obj).__name__
 
 
