@@ -8,7 +8,7 @@ Offline MathJax
     files are taken back out of ``html_js_files`` here.
 
 Provenance cells
-    ``kernels.record`` puts a markdown cell tagged ``provenance`` first in every notebook it runs:
+    ``kernels.authoring.record`` puts a markdown cell tagged ``provenance`` first in every notebook it runs:
     a one-line blockquote naming the GPU and versions that produced the outputs.  myst-nb gives
     *code* cells a ``tag_<name>`` class but renders markdown cells without a wrapper, so their
     tags never reach the HTML.  Here the blockquote of such a cell gets the classes

@@ -30,8 +30,8 @@ by name with ``python -m kernels.bench``).
 Beside them: :mod:`kernels.device` (where tensors go, what the machine runs natively),
 :mod:`kernels.testing` (comparisons, bit checks, input sets), :mod:`kernels.numerics_probe` (what the
 recordings of ``tests/data`` measure), and the tooling: ``kernels.grade`` (the batch grader),
-``kernels.bench`` and ``kernels.profiles`` (speed), ``kernels.labgen`` and ``kernels.record`` (labs and
-recorded outputs), ``kernels.gpu_lane`` (every test and notebook on a GPU).
+``kernels.bench`` and ``kernels.profiles`` (speed), ``kernels.authoring`` (labs and recorded outputs)
+and ``kernels.gpu_lane`` (every test and notebook on a GPU).
 """
 
 from pathlib import Path

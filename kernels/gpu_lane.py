@@ -69,7 +69,7 @@ def covered(root) -> list:
 
 
 def _content(path: Path) -> bytes:
-    """A file's bytes; for a notebook, only its code cells' sources (as ``kernels.record.code_sha256``)."""
+    """A file's bytes; for a notebook, only its code cells' sources (as ``kernels.authoring.record.code_sha256``)."""
     data = path.read_bytes()
     if path.suffix != ".ipynb":
         return data

@@ -13,7 +13,7 @@ FIELDS = {
     "Tests": "tests/{}.py",
     "Benchmarks": "kernels/benchmarks/{}.py",
 }
-TOOLING = {"__init__", "device", "testing", "numerics_probe", "bench", "profiles", "labgen", "record", "gpu_lane"}
+TOOLING = {"__init__", "device", "testing", "numerics_probe", "bench", "profiles", "gpu_lane"}
 TOOLING |= {"_mode", "_bounds"}  # kernels/grade/ is a package: not a *.py here
 
 

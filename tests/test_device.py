@@ -123,7 +123,8 @@ def test_cpu_mode_works_when_triton_was_imported_first(tmp_path):
 
 
 def test_gpu_environment_names_what_results_depend_on(monkeypatch):
-    from kernels import bench, record
+    from kernels import bench
+    from kernels.authoring import record
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):

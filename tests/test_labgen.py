@@ -1,4 +1,4 @@
-"""labs/ is exactly what ``python -m kernels.labgen`` makes of solutions/, and the otter pipeline grades.
+"""labs/ is exactly what ``python -m kernels.authoring.labgen`` makes of solutions/, and the otter pipeline grades.
 
 The grading test runs otter's own grading (execute the notebook, then run the tests stored in the lab)
 on the solution and on the untouched lab: full marks and zero.  It executes both notebooks in the CPU
@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kernels import labgen
+from kernels.authoring import labgen
 
 ROOT = Path(labgen.__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -38,7 +38,7 @@ LAB0 = "00_bf16_rounding.ipynb"
 def test_check_names_stale_missing_and_orphaned_labs(tmp_path, capsys):
     root = _copy_root(tmp_path)
     assert labgen.main(["--check", "--root", str(root)]) == 1
-    assert f"labs/{LAB0} is missing: run `python -m kernels.labgen`" in capsys.readouterr().err
+    assert f"labs/{LAB0} is missing: run `python -m kernels.authoring.labgen`" in capsys.readouterr().err
 
     assert labgen.main(["--root", str(root)]) == 0
     assert f"wrote labs/{LAB0}" in capsys.readouterr().out
@@ -50,7 +50,7 @@ def test_check_names_stale_missing_and_orphaned_labs(tmp_path, capsys):
     (root / "labs" / "99_gone.ipynb").write_text("{}")
     assert labgen.main(["--check", "--root", str(root)]) == 1
     err = capsys.readouterr().err
-    assert f"labs/{LAB0} is stale (differs from solutions/{LAB0}): run `python -m kernels.labgen`" in err
+    assert f"labs/{LAB0} is stale (differs from solutions/{LAB0}): run `python -m kernels.authoring.labgen`" in err
     assert "labs/99_gone.ipynb has no solutions/99_gone.ipynb" in err
 
 

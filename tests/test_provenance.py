@@ -5,7 +5,7 @@ import pathlib
 import nbformat
 import pytest
 
-from kernels import record
+from kernels.authoring import record
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECORDED = sorted(
@@ -21,7 +21,7 @@ def test_there_are_recorded_notebooks():
 def test_outputs_recorded_on_a_gpu_for_this_code(path):
     nb = nbformat.read(path, as_version=4)
     rel = path.relative_to(ROOT)
-    hint = f"re-record it on a GPU: python -m kernels.record {rel}"
+    hint = f"re-record it on a GPU: python -m kernels.authoring.record {rel}"
     prov = nb.metadata.get(record.PROVENANCE_TAG)
     assert prov, f"{rel} has no recorded outputs; {hint}"
     assert set(record.KEYS) <= set(prov), f"{rel}: provenance lacks {set(record.KEYS) - set(prov)}; {hint}"

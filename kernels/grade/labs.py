@@ -159,7 +159,7 @@ def load_labs(labs_dir: Path = ROOT / "labs", solutions_dir: Path = ROOT / "solu
     solution itself, which only the autograder notebook that ``otter assign`` makes from it carries
     (``otter assign`` takes seconds per lab, so it runs only for a solution that may hold one).
     """
-    from kernels import labgen
+    from kernels.authoring import labgen
 
     labs = {}
     for path in sorted(Path(labs_dir).glob("*.ipynb")):

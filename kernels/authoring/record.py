@@ -1,7 +1,7 @@
 """Execute notebooks in place on a GPU and stamp them with provenance.
 
-    python -m kernels.record                 # every notebook under book/ and solutions/
-    python -m kernels.record book/01_formats.ipynb
+    python -m kernels.authoring.record                 # every notebook under book/ and solutions/
+    python -m kernels.authoring.record book/01_formats.ipynb
 
 Each notebook is run top to bottom with nbclient in its own folder.  Its metadata gets
 ``provenance`` = {gpu, capability, torch, triton, date, code_sha256}, and a markdown cell tagged
@@ -58,7 +58,7 @@ def environment() -> dict:
 
     if not torch.cuda.is_available():
         raise SystemExit(
-            "kernels.record: no CUDA GPU here. Book and solution outputs must come from a GPU run; "
+            "kernels.authoring.record: no CUDA GPU here. Book and solution outputs must come from a GPU run; "
             "run this on a machine with an NVIDIA GPU."
         )
     from kernels.device import gpu_environment
@@ -75,7 +75,7 @@ def notebooks(paths) -> list:
         elif p.suffix == ".ipynb" and p.exists():
             found.append(p)
         else:
-            raise SystemExit(f"kernels.record: {p} is neither a notebook nor a folder")
+            raise SystemExit(f"kernels.authoring.record: {p} is neither a notebook nor a folder")
     return found
 
 
@@ -93,7 +93,7 @@ def record(path: pathlib.Path, env: dict, timeout: int = 1200) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.record", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kernels.authoring.record", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", default=list(DEFAULT_PATHS), help="notebooks or folders")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds allowed per cell")
     args = parser.parse_args(argv)

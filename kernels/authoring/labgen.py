@@ -1,4 +1,4 @@
-"""Generate the student labs from the solution notebooks: ``python -m kernels.labgen [--check]``.
+"""Generate the student labs from the solution notebooks: ``python -m kernels.authoring.labgen [--check]``.
 
 ``solutions/NN_name.ipynb`` is the single source of a lab: an otter-grader master notebook (an
 ASSIGNMENT CONFIG raw cell, BEGIN/END QUESTION, SOLUTION and TESTS blocks).  For each one this runs
@@ -30,7 +30,7 @@ from pathlib import Path
 import nbformat
 
 from kernels import ROOT
-from kernels.record import is_provenance_cell
+from kernels.authoring.record import is_provenance_cell
 
 CHECK_OUTPUT_MARK = "# NBVAL_CHECK_OUTPUT"
 # Cell metadata worth keeping: tags (nbval, otter), otter's own entries and its cell locks.
@@ -145,9 +145,11 @@ def stale_labs(root: Path = ROOT) -> list:
     for path, text in want.items():
         rel = path.relative_to(root)
         if not path.exists():
-            problems.append(f"{rel} is missing: run `python -m kernels.labgen`")
+            problems.append(f"{rel} is missing: run `python -m kernels.authoring.labgen`")
         elif path.read_text(encoding="utf-8") != text:
-            problems.append(f"{rel} is stale (differs from solutions/{path.name}): run `python -m kernels.labgen`")
+            problems.append(
+                f"{rel} is stale (differs from solutions/{path.name}): run `python -m kernels.authoring.labgen`"
+            )
     for path in sorted((root / "labs").glob("*.ipynb")):
         if path not in want:
             problems.append(f"{path.relative_to(root)} has no solutions/{path.name}: delete it or add the solution")
@@ -166,7 +168,7 @@ def write_labs(root: Path = ROOT) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.labgen", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kernels.authoring.labgen", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 naming every lab that is stale, missing or orphaned"
     )
