@@ -5,7 +5,7 @@ memory follows (garbage, silently) and an unmasked ``tl.store`` as a raw write (
 crash much later).  :func:`install_bounds_check` makes it check every load and store against the memory
 of the launch's tensor arguments first and refuse one outside them with :class:`OutOfBounds`.
 
-Both lanes install it and so give the same verdict: the labs' checks
+Two places install it, so that a notebook's check and the grader give one verdict: the labs' checks
 (:func:`kernels.checks.call_student`, in CPU mode) and the batch grader's sandbox
 (:mod:`kernels.grade.child`).  An :class:`OutOfBounds` raised in the sandbox reaches the grader's judge
 rebuilt by :mod:`kernels.grade.rpc` as an instance of this same class.  Importing this module imports
