@@ -12,9 +12,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from kernels import ROOT
 from kernels.authoring import labgen
 
-ROOT = Path(labgen.__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
 
