@@ -89,7 +89,7 @@ def _decode(data: np.ndarray, fmt: str) -> np.ndarray:
         return data.view(_NUMPY[fmt]).astype(np.float64)
 
 
-def _convert(data: np.ndarray, src: str, dst: str, rtz: bool = False) -> np.ndarray:
+def convert(data: np.ndarray, src: str, dst: str, rtz: bool = False) -> np.ndarray:
     """Convert stored values of format ``src`` to stored values of ``dst`` as Hopper does."""
     if src == "bf16" and dst == "fp32":
         return (data.astype(np.uint32) << 16).view(np.float32)
@@ -122,13 +122,13 @@ def _convert(data: np.ndarray, src: str, dst: str, rtz: bool = False) -> np.ndar
 
 def _encode(x: np.ndarray, fmt: str) -> np.ndarray:
     """float64/float32 results of arithmetic -> stored values of ``fmt`` (round to nearest even)."""
-    return _convert(np.asarray(x, dtype=np.float64), "fp64", fmt)
+    return convert(np.asarray(x, dtype=np.float64), "fp64", fmt)
 
 
 def _cast_impl(self, src, dst_type):
     s, d = _name(src.dtype), _name(dst_type)
     if s in _NUMPY and d in _NUMPY and (s in _LOW or d in _LOW):
-        return _interp.TensorHandle(_convert(src.data, s, d), dst_type.scalar)
+        return _interp.TensorHandle(convert(src.data, s, d), dst_type.scalar)
     if d in _LOW and s not in _NUMPY:  # integer -> low-precision float
         return _interp.TensorHandle(_encode(src.data.astype(np.float64), d), dst_type.scalar)
     if s in _LOW and d not in _NUMPY:  # low-precision float -> integer, truncating like fptosi
@@ -142,7 +142,7 @@ def _create_fp_to_fp(self, src, dst_type, rounding_mode):
     s, d = _name(src.dtype), _name(dst_type)
     if s in _NUMPY and d in _NUMPY:
         rtz = rounding_mode == _ir.ROUNDING_MODE.RTZ
-        return _interp.TensorHandle(_convert(src.data, s, d, rtz=rtz), dst_type.scalar)
+        return _interp.TensorHandle(convert(src.data, s, d, rtz=rtz), dst_type.scalar)
     return _ORIGINAL["create_fp_to_fp"](self, src, dst_type, rounding_mode)
 
 
@@ -399,6 +399,7 @@ def uninstall() -> None:
 
 __all__ = [
     "TESTED_TRITON",
+    "convert",
     "install",
     "installed",
     "uninstall",

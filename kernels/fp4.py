@@ -1,8 +1,9 @@
-"""FP4 (E2M1) with block scales: NVFP4 and MXFP4 quantizers, packing, dequantization, a weight-only
-W4A16 GEMM that dequantizes in registers, and a blockwise Hadamard rotation.
+"""FP4 (E2M1) with block scales: the NVFP4 and MXFP4 formats, their quantizers, packing and
+dequantization.
 
 Chapter 6 and Lab 06 (FP4 weight-only).  Entry points: :func:`quantize_fp4`, :func:`dequantize_fp4`,
-:func:`w4a16_matmul`, :func:`w4a16_dot_scaled`, :func:`hadamard_rotate`, each with its ``*_reference``.
+:func:`fake_quantize`, :func:`pack`, :func:`unpack`, each kernel with its ``*_reference``; the GEMMs
+that read these weights are in :mod:`kernels.w4a16`, the rotation in :mod:`kernels.hadamard`.
 
 The element format is E2M1 (:data:`kernels.formats.E2M1`): a sign and eight magnitudes
 ``{0, 0.5, 1, 1.5, 2, 3, 4, 6}``, no inf, no NaN.  Four bits cannot carry a tensor's range, so every
@@ -51,16 +52,15 @@ Policies
   on each of the tile's 16 rows, so the layout and the dequantizer are the same.
 """
 
-import math
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-import kernels
-from kernels import formats, quantize, stochastic, w4a16_mma
+from kernels import formats, quantize, stochastic
 from kernels.device import check_device, default_device
+from kernels.hadamard import hadamard_rotate, random_signs
 from kernels.quantize import e8m0_scale
 
 # -- formats and constants ------------------------------------------------------------------------
@@ -77,7 +77,6 @@ MIN_TENSOR_SCALE = 2.0**-126
 E8M0_NAN, E4M3_NAN = 0xFF, 0x7F
 FP32_MAX = 3.4028234663852886e38
 INPUT_DTYPES = quantize.INPUT_DTYPES  # the activation dtypes every quantizer takes
-HADAMARD_BLOCKS = (16, 32, 128)
 
 # Launch sizes.  The quantizer runs one warp per program on tiles of 512 elements (2 rows of 256 columns
 # when the rows are that long), several tiles per program along the row, each loaded while the previous
@@ -85,21 +84,6 @@ HADAMARD_BLOCKS = (16, 32, 128)
 QUANT_TILE_ELEMS, QUANT_COLS, QUANT_WARPS = 512, 256, 1
 QUANT_TILES = {NVFP4_BLOCK: 2, MXFP4_BLOCK: 8}
 DEQUANT_ROWS, DEQUANT_COLS, DEQUANT_WARPS = 32, 256, 8
-HADAMARD_ROWS, HADAMARD_WARPS = 64, 4
-# The W4A16 GEMM on the GPU autotunes over these (BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages);
-# BLOCK_M is chosen from M (16 for decode).  At M <= 16 and N = 8192, BLOCK_N <= 64 gives >= 128
-# programs, one per SM or more, each streaming its weight rows through the whole of K: the kernel is a
-# stream of 4.5-bit weights, so what matters is bytes in flight per SM (BLOCK_N * BLOCK_K / 2 per stage,
-# times num_stages).  GATHER picks how nibbles are unpacked (see the kernel).
-W4A16_CONFIGS = [
-    (bn, bk, g, w, st)
-    for bn in (16, 32, 64)
-    for bk in (256, 512)
-    for g in (False, True)
-    for w in (4, 8)
-    for st in (3, 4)
-]
-W4A16_CPU_CONFIG = (32, 64, False, 4, 1)  # the interpreter: one small config, no autotuning
 
 
 class FP4Tensor(NamedTuple):
@@ -185,7 +169,7 @@ def _e2m1_stochastic(mag, r):
 
 
 @triton.jit
-def _e2m1_to_bf16(c):
+def e2m1_to_bf16(c):
     """E2M1 codes (int32, 0..15) -> bf16 values, exactly, by building bf16 bits: magnitudes 2..7 are
     normal numbers whose bf16 pattern is ``(mag << 6) + 0x3F00``; 1 is 0.5 (0x3F00); 0 is 0."""
     mag = c & 7
@@ -195,7 +179,7 @@ def _e2m1_to_bf16(c):
 
 
 @triton.jit
-def _e2m1_to_bf16_fast(c):
+def e2m1_to_bf16_fast(c):
     """E2M1 codes -> bf16 in three integer operations and one multiplication: the fields go where bf16's
     are, the exponent field unchanged.  For e >= 1 that reads 2^(e - 127) (1 + m / 2); for e = 0 it is the
     bf16 subnormal m * 2^-127.  Both are the E2M1 value times 2^-126, which one exact multiplication by
@@ -209,7 +193,7 @@ def _e2m1_to_bf16_fast(c):
 @triton.jit
 def _decode_probe_kernel(out_ptr, FAST: tl.constexpr):
     c = tl.arange(0, 16)
-    v = _e2m1_to_bf16_fast(c) if FAST else _e2m1_to_bf16(c)
+    v = e2m1_to_bf16_fast(c) if FAST else e2m1_to_bf16(c)
     tl.store(out_ptr + c, v)
 
 
@@ -217,7 +201,7 @@ _FAST_DECODE_OK = {}
 
 
 def fast_decode_ok(device=None) -> bool:
-    """Whether :func:`_e2m1_to_bf16_fast` gives the exact E2M1 values on ``device`` (checked once, by
+    """Whether :func:`e2m1_to_bf16_fast` gives the exact E2M1 values on ``device`` (checked once, by
     running it on all 16 codes): it relies on bf16 subnormals surviving a multiplication."""
     device = device or default_device()
     key = str(device)
@@ -230,7 +214,7 @@ def fast_decode_ok(device=None) -> bool:
 
 
 @triton.jit
-def _e8m0_to_bf16(c):
+def e8m0_to_bf16(c):
     """E8M0 bytes (int32) -> bf16 2^(c - 127), exactly (0 is the bf16 subnormal 2^-127, 255 NaN)."""
     bits = tl.where(c == 0, 0x0040, c << 7)
     bits = tl.where(c == 255, 0x7FC0, bits)
@@ -610,7 +594,7 @@ def quantize_fp4_reference(
 # -- dequantization ---------------------------------------------------------------------------------
 
 
-def _check_fp4(t) -> int:
+def check_fp4(t) -> int:
     if not isinstance(t, FP4Tensor):
         raise TypeError(f"expected an FP4Tensor (from quantize_nvfp4 / quantize_mxfp4), got {type(t).__name__}")
     bs = _check_fmt(t.fmt)
@@ -642,7 +626,7 @@ def _dequantize_kernel(
     b = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 2) + cols2[None, :], mask=rmask & (cols2[None, :] < K // 2))
     b = b.to(tl.int32)
     c = tl.reshape(tl.join(b & 0xF, b >> 4), (ROWS, G, BS))  # low nibble first: element 2i, then 2i+1
-    q = _e2m1_to_bf16(c).to(tl.float32)
+    q = e2m1_to_bf16(c).to(tl.float32)
     gcols = pid_k * G + tl.arange(0, G)
     s = tl.load(
         s_ptr + rows.to(tl.int64)[:, None] * (K // BS) + gcols[None, :], mask=rmask & (gcols[None, :] < K // BS)
@@ -651,7 +635,7 @@ def _dequantize_kernel(
         sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         y = (q * sf[:, :, None]) * tl.load(ts_ptr)  # q * block scale is exact; one rounding with the tensor scale
     else:
-        y = q * _e8m0_to_bf16(s.to(tl.int32)).to(tl.float32)[:, :, None]
+        y = q * e8m0_to_bf16(s.to(tl.int32)).to(tl.float32)[:, :, None]
     cols = pid_k * COLS + tl.arange(0, COLS)
     tl.store(
         y_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
@@ -663,7 +647,7 @@ def _dequantize_kernel(
 def dequantize_fp4(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
     """``q * S`` for every element (NVFP4: ``(q * block_scale) * tensor_scale``); fp32 is exact for
     MXFP4 and one rounding for NVFP4, bf16/fp16 one rounding more.  A NaN scale gives NaN."""
-    bs = _check_fp4(t)
+    bs = check_fp4(t)
     if out_dtype not in INPUT_DTYPES:
         raise ValueError(f"out_dtype must be torch.float32, torch.bfloat16 or torch.float16, got {out_dtype}")
     check_device(t.q, "t.q")
@@ -683,7 +667,7 @@ def dequantize_fp4(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
 
 def dequantize_fp4_reference(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
     """Plain-torch :func:`dequantize_fp4`."""
-    bs = _check_fp4(t)
+    bs = check_fp4(t)
     q = e2m1_decode(unpack(t.q))  # (..., K)
     shape = q.shape
     qg = q.reshape(*shape[:-1], shape[-1] // bs, bs)
@@ -714,362 +698,31 @@ def bits_per_element(fmt: str, shape=(8192, 8192)) -> float:
     return total / (m * k)
 
 
-# -- the W4A16 GEMM: packed FP4 weights dequantized in registers, bf16 tensor cores -----------------
-
-
-@triton.jit
-def _w4a16_kernel(
-    a_ptr,  # (M, K) bf16 activations
-    q_ptr,  # (N, K // 2) uint8 packed weights
-    s_ptr,  # (N, K // BS) uint8 block scales
-    ts_ptr,  # NVFP4: the tensor scale (fp32)
-    c_ptr,  # (M, N) bf16
-    M,
-    N,
-    K,
-    stride_am,
-    stride_cm,
-    BS: tl.constexpr,
-    NV: tl.constexpr,
-    EVEN_K: tl.constexpr,  # K a multiple of BLOCK_K: no K masks in the loop
-    GATHER: tl.constexpr,  # unpack by loading each byte twice (L1 hits) instead of join + reshape
-    FAST: tl.constexpr,  # decode with _e2m1_to_bf16_fast (3 integer ops per weight instead of ~10)
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    m_ok = rm[:, None] < M
-    n_ok = rn[:, None] < N
-    a_row = a_ptr + rm.to(tl.int64)[:, None] * stride_am  # (BLOCK_M, 1)
-    q_row = q_ptr + rn.to(tl.int64)[:, None] * (K // 2)  # (BLOCK_N, 1)
-    s_row = s_ptr + rn.to(tl.int64)[:, None] * (K // BS)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk  # (BLOCK_K,) this step's K indices
-        a_mask = m_ok if EVEN_K else m_ok & (kk[None, :] < K)
-        a = tl.load(a_row + kk[None, :], mask=a_mask, other=0.0)  # (BLOCK_M, BLOCK_K) bf16
-        if GATHER:
-            w_mask = n_ok if EVEN_K else n_ok & (kk[None, :] < K)
-            b = tl.load(q_row + (kk // 2)[None, :], mask=w_mask, other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K)
-            c = b >> ((kk & 1) * 4)[None, :]  # even k: low nibble, odd k: high (the decoders read bits 0-3)
-            s = tl.load(s_row + (kk // BS)[None, :], mask=w_mask, other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K)
-            if NV:
-                sw = s.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)  # exact: E4M3 fits bf16
-            else:
-                sw = _e8m0_to_bf16(s)
-            q = _e2m1_to_bf16_fast(c) if FAST else _e2m1_to_bf16(c)
-            w = q * sw  # exact in bf16: 2 + 4 significant bits at most
-        else:
-            k2 = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            kg = k0 // BS + tl.arange(0, BLOCK_K // BS)
-            b_mask = n_ok if EVEN_K else n_ok & (k2[None, :] < K // 2)
-            g_mask = n_ok if EVEN_K else n_ok & (kg[None, :] < K // BS)
-            b = tl.load(q_row + k2[None, :], mask=b_mask, other=0).to(tl.int32)  # (BLOCK_N, BLOCK_K // 2)
-            s = tl.load(s_row + kg[None, :], mask=g_mask, other=0)  # (BLOCK_N, BLOCK_K // BS)
-            # low nibble first; no "& 0xF": both decoders read only bits 0-3 of a code
-            c = tl.reshape(tl.join(b, b >> 4), (BLOCK_N, BLOCK_K // BS, BS))
-            if NV:
-                sw = s.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-            else:
-                sw = _e8m0_to_bf16(s.to(tl.int32))
-            q = _e2m1_to_bf16_fast(c) if FAST else _e2m1_to_bf16(c)
-            w = tl.reshape(q * sw[:, :, None], (BLOCK_N, BLOCK_K))
-        acc = tl.dot(a, tl.trans(w), acc)  # bf16 x bf16 -> fp32 accumulator
-    if NV:
-        acc = acc * tl.load(ts_ptr)  # the tensor scale, once per output
-    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
-    tl.store(c_ptrs, acc.to(tl.bfloat16), mask=m_ok & (rn[None, :] < N))
-
-
-def _w4a16_configs():
-    return [
-        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "GATHER": g}, num_warps=w, num_stages=st)
-        for bn, bk, g, w, st in W4A16_CONFIGS
-    ]
-
-
-# Keyed on BLOCK_M, not M: the decode sizes 1..16 share a tile, and a new M does not rerun the tuning.
-_w4a16_tuned = triton.autotune(configs=_w4a16_configs(), key=["N", "K", "BS", "NV", "BLOCK_M", "FAST"])(_w4a16_kernel)
-
-
-def w4a16_matmul(
-    a: torch.Tensor, w: FP4Tensor, config: tuple | None = None, fast: bool | None = None, kernel: str | None = None
-) -> torch.Tensor:
-    """``a @ W^T`` with ``a`` bf16 ``(..., K)`` and ``W`` an FP4 weight ``(N, K)`` (NVFP4 or MXFP4):
-    the packed codes and scales are read from memory and dequantized in registers, the product runs on
-    bf16 tensor cores with fp32 accumulation (the NVFP4 tensor scale multiplies the accumulator) and the
-    output is bf16 ``(..., N)``.
-
-    ``config`` = ``(BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages)`` fixes the launch; by default the
-    GPU autotunes over :data:`W4A16_CONFIGS` (K a multiple of 512) and the interpreter uses
-    :data:`W4A16_CPU_CONFIG`.  ``fast`` picks the E2M1 decoder: the three-operation one
-    (:func:`_e2m1_to_bf16_fast`) or the one with selects; by default the fast one wherever
-    :func:`fast_decode_ok` has found it exact on this device.  At decode shapes the kernel has ~2 integer
-    operations per weight to spend before the integer units, not memory, set its speed.
-
-    ``kernel`` picks the implementation: ``"dot"`` the ``tl.dot`` kernel above, ``"mma"`` the Gluon
-    kernel of :mod:`kernels.w4a16_mma` (sm_90, 1 <= M <= 16, K a multiple of
-    :func:`kernels.w4a16_mma.k_multiple`), which writes the decoded weights straight into the tensor-core
-    operand's registers.  By default ``"mma"`` wherever it applies (and neither ``config`` nor ``fast``
-    is given), else ``"dot"``."""
-    bs = _check_fp4(w)
-    if kernel not in (None, "dot", "mma"):
-        raise ValueError(f"kernel must be None, 'dot' or 'mma', got {kernel!r}")
-    if kernel == "mma" and (config is not None or fast is not None):
-        raise ValueError("config and fast choose among the tl.dot kernel's variants; kernel='mma' takes neither")
-    if not isinstance(a, torch.Tensor) or a.dtype != torch.bfloat16:
-        raise TypeError(f"a must be a bfloat16 tensor of activations, got {getattr(a, 'dtype', type(a))}")
-    if w.q.dim() != 2:
-        raise ValueError(f"the weight must be a 2-D (N, K) matrix, got codes of shape {tuple(w.q.shape)}")
-    n, k = w.shape
-    if a.dim() < 1 or a.shape[-1] != k:
-        raise ValueError(f"a's last dimension must be K = {k} (the weight's), got shape {tuple(a.shape)}")
-    if config is not None and (len(config) != 5 or config[1] % bs or config[1] < 16 or config[0] < 16):
-        raise ValueError(
-            f"config must be (BLOCK_N >= 16, BLOCK_K a multiple of the block size {bs}, GATHER, num_warps, "
-            f"num_stages), got {config!r}"
-        )
-    check_device(a, "a")
-    if a.device != w.q.device:
-        raise ValueError(f"a is on {a.device} but the weight is on {w.q.device}")
-    a2 = a.reshape(-1, k).contiguous()
-    m = a2.shape[0]
-    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    if c.numel() == 0:
-        return c.reshape(*a.shape[:-1], n)
-    s = w.s.view(torch.uint8).contiguous()
-    ts = w.tensor_scale.float().reshape(1) if w.fmt == "nvfp4" else s
-    mma_ok = w4a16_mma.supported(a2, n, k)
-    if kernel == "mma" and not mma_ok:
-        raise ValueError(
-            f"kernel='mma' needs an sm_90 GPU, 1 <= M <= {w4a16_mma.MAX_M} rows and K a multiple of "
-            f"{w4a16_mma.k_multiple()}; got {a.device}, M = {m}, K = {k}"
-        )
-    if kernel == "mma" or (kernel is None and mma_ok and config is None and fast is None):
-        w4a16_mma.w4a16_mma(a2, w.q.contiguous(), s, ts, c, w.fmt == "nvfp4")
-        return c.reshape(*a.shape[:-1], n)
-    block_m = min(max(16, triton.next_power_of_2(m)), 64)
-    args = (a2, w.q.contiguous(), s, ts, c, m, n, k, a2.stride(0), c.stride(0))
-    nv = w.fmt == "nvfp4"
-    fast = fast_decode_ok(a.device) if fast is None else bool(fast)
-    if config is None and (kernels.INTERPRETER or k % max(cfg[1] for cfg in W4A16_CONFIGS)):
-        config = W4A16_CPU_CONFIG if kernels.INTERPRETER else (64, 128, True, 4, 3)
-    if config is not None:
-        bn, bk, gather, warps, stages = config
-        grid = (triton.cdiv(n, bn), triton.cdiv(m, block_m))
-        _w4a16_kernel[grid](
-            *args, BS=bs, NV=nv, EVEN_K=k % bk == 0, GATHER=bool(gather), FAST=fast, BLOCK_M=block_m, BLOCK_N=bn,
-            BLOCK_K=bk, num_warps=warps, num_stages=stages,
-        )  # fmt: skip
-    else:
-
-        def grid(meta):
-            return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, block_m))
-
-        _w4a16_tuned[grid](*args, BS=bs, NV=nv, EVEN_K=True, FAST=fast, BLOCK_M=block_m)
-    return c.reshape(*a.shape[:-1], n)
-
-
-# -- Blackwell: the tensor cores read MXFP4 themselves (tl.dot_scaled) ----------------------------------
-
-DOT_SCALED_CONFIG = (128, 128, 128, 8)  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps on the GPU
-DOT_SCALED_CPU_CONFIG = (16, 32, 64, 4)
-
-
-@triton.jit
-def _dot_scaled_kernel(
-    a_ptr, q_ptr, s_ptr, c_ptr, M, N, K, stride_am, stride_cm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k2 = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        a = tl.load(a_ptr + rm.to(tl.int64)[:, None] * stride_am + kk[None, :], mask=rm[:, None] < M, other=0.0)
-        # W^T as the right operand: (BLOCK_K // 2, BLOCK_N) packed along K, first element in the low nibble
-        b = tl.load(q_ptr + rn.to(tl.int64)[None, :] * (K // 2) + k2[:, None], mask=rn[None, :] < N, other=0)
-        s = tl.load(s_ptr + rn.to(tl.int64)[:, None] * (K // 32) + kg[None, :], mask=rn[:, None] < N, other=127)
-        acc = tl.dot_scaled(a, None, "bf16", b, s, "e2m1", acc)  # s: (BLOCK_N, BLOCK_K // 32), not transposed
-    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
-    tl.store(c_ptrs, acc.to(tl.bfloat16), mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-
-def w4a16_dot_scaled(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
-    """``a @ W^T`` for an MXFP4 weight with ``tl.dot_scaled``: on Blackwell (sm_100) the tensor cores read
-    the packed E2M1 codes and E8M0 scales directly; elsewhere Triton emulates it by upcasting to bf16.
-    ``a`` bf16 ``(M, K)``, K a multiple of BLOCK_K (128 on the GPU); output bf16 ``(M, N)``."""
-    _check_fp4(w)
-    if w.fmt != "mxfp4":
-        raise ValueError(f"w must be MXFP4 (E8M0 scales, blocks of 32) for tl.dot_scaled, got {w.fmt}")
-    if not isinstance(a, torch.Tensor) or a.dtype != torch.bfloat16 or a.dim() != 2:
-        raise TypeError(f"a must be a 2-D bfloat16 tensor, got {getattr(a, 'dtype', type(a))}")
-    n, k = w.shape
-    bm, bn, bk, warps = DOT_SCALED_CPU_CONFIG if kernels.INTERPRETER else DOT_SCALED_CONFIG
-    if a.shape[1] != k or k % bk:
-        raise ValueError(f"a must be (M, K = {k}) with K a multiple of {bk}, got {tuple(a.shape)}")
-    check_device(a, "a")
-    m = a.shape[0]
-    a = a.contiguous()
-    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    if c.numel():
-        grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
-        _dot_scaled_kernel[grid](
-            a, w.q.contiguous(), w.s.contiguous(), c, m, n, k, a.stride(0), c.stride(0), BLOCK_M=bm, BLOCK_N=bn,
-            BLOCK_K=bk, num_warps=warps,
-        )  # fmt: skip
-    return c
-
-
-def w4a16_matmul_reference(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
-    """Dequantize then matmul, in float64 (the accuracy reference: exact products, one rounding)."""
-    wd = dequantize_fp4_reference(w).double()
-    return (a.double() @ wd.T).to(torch.bfloat16)
-
-
-# -- blockwise Hadamard rotation -------------------------------------------------------------------
-
-
-def hadamard_matrix(block: int, dtype=torch.float32, device="cpu", normalized: bool = True) -> torch.Tensor:
-    """Sylvester's Hadamard matrix of order ``block`` (a power of two): entries +-1, or +-1/sqrt(block)
-    with ``normalized`` (then orthonormal and symmetric: H @ H = I)."""
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or block & (block - 1):
-        raise ValueError(f"block must be a power of two, got {block!r}")
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < block:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    if normalized:
-        h = h / math.sqrt(block)
-    return h.to(dtype=dtype, device=device)
-
-
-def random_signs(block: int, seed: int = 0, device="cpu") -> torch.Tensor:
-    """The random +-1 diagonal of a Random Hadamard Transform (fp32, ``(block,)``), reproducible."""
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, 2, (block,), generator=g) * 2 - 1).to(torch.float32).to(device)
-
-
-@triton.jit
-def _hadamard_kernel(
-    x_ptr, h_ptr, d_ptr, y_ptr, M, K, scale, B: tl.constexpr, ROWS: tl.constexpr, INVERSE: tl.constexpr,
-    IEEE: tl.constexpr,
-):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rows = pid_m * ROWS + tl.arange(0, ROWS)
-    cols = pid_k * B + tl.arange(0, B)
-    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
-    mask = rows[:, None] < M
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    hb = tl.arange(0, B)
-    h = tl.load(h_ptr + hb[:, None] * B + hb[None, :])  # (B, B) of +-1, exact in any dtype
-    d = tl.load(d_ptr + hb).to(x.dtype)  # the random signs, +-1
-    if INVERSE:
-        # y = (x H / sqrt(B)) * d: undo the rotation (H is symmetric, so H^T = H)
-        if IEEE:
-            y = tl.dot(x, h.to(x.dtype), input_precision="ieee")
-        else:
-            y = tl.dot(x, h.to(x.dtype))
-        y = y * scale * d.to(tl.float32)[None, :]
-    else:
-        # y = (x * d) H / sqrt(B): the sign flips are exact, the +-1 products too; fp32 sums
-        xd = x * d[None, :]
-        if IEEE:
-            y = tl.dot(xd, h.to(x.dtype), input_precision="ieee")
-        else:
-            y = tl.dot(xd, h.to(x.dtype))
-        y = y * scale
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def _check_hadamard(x, block, signs):
-    if block not in HADAMARD_BLOCKS:
-        raise ValueError(f"block must be one of {HADAMARD_BLOCKS}, got {block!r}")
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"x must have dtype bfloat16, float16 or float32, got {x.dtype}")
-    if x.dim() < 1 or x.shape[-1] % block:
-        raise ValueError(f"x's last dimension must be a multiple of block = {block}, got shape {tuple(x.shape)}")
-    if signs is None:
-        signs = torch.ones(block, dtype=torch.float32, device=x.device)
-    if not isinstance(signs, torch.Tensor) or signs.shape != (block,):
-        raise ValueError(f"signs must be a ({block},) tensor of +-1, got {getattr(signs, 'shape', signs)}")
-    if not bool(((signs == 1) | (signs == -1)).all()):
-        raise ValueError("signs must hold only +1 and -1 (a rotation must stay orthogonal)")
-    return x.contiguous(), signs.float().to(x.device)
-
-
-def hadamard_rotate(x: torch.Tensor, block: int, signs: torch.Tensor | None = None, inverse: bool = False):
-    """Rotate each block of ``block`` consecutive elements along the last axis by the orthonormal
-    ``R = diag(signs) H / sqrt(block)``: ``y = x R`` (``inverse``: ``x = y R^T``).  Applied to both
-    operands of ``a @ w.T`` along K, the product is unchanged: ``(a R)(w R)^T = a R R^T w^T = a w^T``.
-    Output in ``x``'s dtype; fp32 accumulation (fp32 inputs: IEEE fp32 dot, no TF32)."""
-    x, signs = _check_hadamard(x, block, signs)
-    check_device(x, "x")
-    x2 = x.reshape(-1, x.shape[-1])
-    m, k = x2.shape
-    y = torch.empty_like(x2)
-    if y.numel():
-        h = hadamard_matrix(block, dtype=torch.bfloat16 if x.dtype != torch.float32 else torch.float32,
-                            device=x.device, normalized=False)  # fmt: skip
-        grid = (triton.cdiv(m, HADAMARD_ROWS), k // block)
-        _hadamard_kernel[grid](
-            x2, h, signs, y, m, k, 1.0 / math.sqrt(block), B=block, ROWS=HADAMARD_ROWS, INVERSE=inverse,
-            IEEE=x.dtype == torch.float32, num_warps=HADAMARD_WARPS,
-        )  # fmt: skip
-    return y.reshape(x.shape)
-
-
-def hadamard_rotate_reference(x: torch.Tensor, block: int, signs: torch.Tensor | None = None, inverse: bool = False):
-    """Plain-torch :func:`hadamard_rotate`, in float64, rounded once to ``x``'s dtype."""
-    x, signs = _check_hadamard(x, block, signs)
-    h = hadamard_matrix(block, dtype=torch.float64, device=x.device)
-    r = signs.double()[:, None] * h  # diag(d) H / sqrt(B)
-    xb = x.double().reshape(*x.shape[:-1], x.shape[-1] // block, block)
-    y = xb @ (r.T if inverse else r)
-    return y.reshape(x.shape).to(x.dtype)
-
-
 __all__ = [
     "E2M1_MAX",
     "E2M1_VALUES",
     "E4M3_MAX",
     "FORMATS",
-    "HADAMARD_BLOCKS",
     "MXFP4_BLOCK",
     "NVFP4_BLOCK",
-    "W4A16_CONFIGS",
     "FP4Tensor",
     "bits_per_element",
+    "check_fp4",
     "dequantize_fp4",
     "dequantize_fp4_reference",
     "e2m1_decode",
     "e2m1_rne_reference",
+    "e2m1_to_bf16",
+    "e2m1_to_bf16_fast",
     "e8m0_from_amax",
+    "e8m0_to_bf16",
     "fast_decode_ok",
     "fake_quantize",
-    "hadamard_matrix",
-    "hadamard_rotate",
-    "hadamard_rotate_reference",
     "pack",
     "quantize_fp4",
     "quantize_fp4_reference",
     "quantize_mxfp4",
     "quantize_nvfp4",
-    "random_signs",
     "tensor_scale_reference",
     "unpack",
-    "w4a16_dot_scaled",
-    "w4a16_matmul",
-    "w4a16_matmul_reference",
 ]

@@ -46,7 +46,13 @@ PARTS = {"tests": ["tests"], "notebooks": ["book", "solutions", "labs"]}
 # The CPU test that reads this record cannot pass while the record is being written.
 DESELECT = ("tests/test_gpu_lane.py::test_the_gpu_lane_record_is_fresh_and_clean",)
 STACK = ("device", "capability", "torch", "triton", "python")
-SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
+
+
+def _skipped(name: str) -> bool:
+    """Whether a file or folder is left out of the hash wherever it lies: what tools leave behind
+    (``__pycache__``, ``*.egg-info``, and every dot-name: ``.ruff_cache``, ``.pytest_cache``,
+    ``.ipynb_checkpoints``), which the device's copy of a tree may hold and a clean clone does not."""
+    return name.startswith(".") or name == "__pycache__" or name.endswith(".egg-info")
 
 
 def covered(root) -> list:
@@ -57,10 +63,10 @@ def covered(root) -> list:
     found = []
     for top in ("kernels", "tests", "book", "solutions", "labs"):
         for folder, dirs, files in os.walk(root / top):
-            dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+            dirs[:] = [d for d in dirs if not _skipped(d)]
             for name in files:
                 rel = (Path(folder) / name).relative_to(root).as_posix()
-                if name.endswith(".pyc") or rel == RECORD:
+                if _skipped(name) or name.endswith(".pyc") or rel == RECORD:
                     continue
                 hidden_test = top == "solutions" and name.endswith(".py")
                 if top in ("kernels", "tests") or name.endswith(".ipynb") or hidden_test:
@@ -357,7 +363,6 @@ __all__ = [
     "DESELECT",
     "PARTS",
     "RECORD",
-    "SKIP_DIRS",
     "STACK",
     "check",
     "covered",

@@ -173,7 +173,7 @@ def dot_inputs(fmt: str, seed: int = 2):
 
 
 @triton.jit
-def _cast_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def cast_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask)
@@ -224,7 +224,7 @@ def cast(bits: np.ndarray, src: str, dst: str, device) -> np.ndarray:
     """Convert with Triton's ``x.to(dst)``; returns the output bit patterns."""
     x = from_bits(bits, src, device)
     y = torch.empty(x.shape, dtype=FORMATS[dst][0], device=device)
-    _cast_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK)
+    cast_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK)
     return to_bits(y)
 
 
@@ -434,6 +434,7 @@ __all__ = [
     "binary_inputs",
     "cast",
     "cast_inputs",
+    "cast_kernel",
     "diff_decode",
     "diff_encode",
     "dot",

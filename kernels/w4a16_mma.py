@@ -4,7 +4,7 @@ straight into the registers of a bf16 ``mma.sync`` operand, with no trip through
 Chapter 6 (no lab builds it: Lab 06 builds the ``tl.dot`` kernel).  Entry points: :func:`w4a16_mma`,
 :func:`supported`.
 
-:func:`kernels.fp4.w4a16_matmul` uses this kernel on an sm_90 GPU for ``M <= 16`` rows of activations
+:func:`kernels.w4a16.w4a16_matmul` uses this kernel on an sm_90 GPU for ``M <= 16`` rows of activations
 when K is a multiple of :func:`k_multiple`; everywhere else (the interpreter, other GPUs, larger M) it
 runs the ``tl.dot`` kernel of chapter 6, which is the one the lab builds.
 

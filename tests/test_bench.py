@@ -1,4 +1,5 @@
-"""The benchmark runner's bookkeeping (timing itself needs a GPU and runs there)."""
+"""kernels.bench and its command: the registry and the runner's bookkeeping (timing itself needs a GPU
+and runs there)."""
 
 import json
 
@@ -6,26 +7,26 @@ import pytest
 import torch
 
 import kernels
-import kernels.benchmarks
 from kernels import bench
+from kernels.bench import command
 
 
 def test_refuses_in_cpu_mode_with_one_line(monkeypatch, capsys):
     monkeypatch.setattr(kernels, "INTERPRETER", True)
-    assert bench.main(["bf16_cast"]) == 2
+    assert command.main(["bf16_cast"]) == 2
     err = capsys.readouterr().err
     assert err == "kernels.bench: needs a CUDA GPU (speed is not measured in CPU mode)\n"
 
 
 def test_unknown_benchmark_is_named(capsys):
     with pytest.raises(SystemExit):
-        bench.main(["no_such_bench"])
+        command.main(["no_such_bench"])
     assert "unknown benchmark(s) ['no_such_bench']" in capsys.readouterr().err
 
 
 def test_gpu_slug():
-    assert bench.gpu_slug("NVIDIA H200") == "nvidia-h200"
-    assert bench.gpu_slug("NVIDIA GeForce RTX 4090 ") == "nvidia-geforce-rtx-4090"
+    assert command.gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert command.gpu_slug("NVIDIA GeForce RTX 4090 ") == "nvidia-geforce-rtx-4090"
 
 
 def _rec(bench_name, shape, baseline, ours):
@@ -34,8 +35,8 @@ def _rec(bench_name, shape, baseline, ours):
 
 def test_merge_replaces_same_key_and_keeps_the_rest(tmp_path):
     path = tmp_path / "results" / "gpu.json"
-    bench.merge(path, [_rec("a", "1", "x", 1.0), _rec("a", "1", "y", 2.0), _rec("b", "2", "x", 3.0)])
-    merged = bench.merge(path, [_rec("a", "1", "x", 10.0)])
+    command.merge(path, [_rec("a", "1", "x", 1.0), _rec("a", "1", "y", 2.0), _rec("b", "2", "x", 3.0)])
+    merged = command.merge(path, [_rec("a", "1", "x", 10.0)])
     assert json.loads(path.read_text()) == merged
     assert {(r["bench"], r["baseline_name"], r["ours"]) for r in merged} == {
         ("a", "x", 10.0),
@@ -47,7 +48,7 @@ def test_merge_replaces_same_key_and_keeps_the_rest(tmp_path):
 
 def test_measure_ratio_and_metric(monkeypatch):
     times = iter([2.0, 1.0, 4.0] * bench.ROUNDS)  # ours, fast baseline, slow baseline, per round
-    monkeypatch.setattr(kernels.benchmarks, "median_ms", lambda fn: next(times))
+    monkeypatch.setattr(bench, "median_ms", lambda fn: next(times))
     recs = bench.measure("k", "8", "GB/s", 4e9, None, {"fast": None, "slow": None})
     assert [(r["baseline_name"], r["ours"], r["baseline"], r["ratio"]) for r in recs] == [
         ("fast", 2000.0, 4000.0, 0.5),
@@ -95,13 +96,13 @@ BASELINES = {
 
 
 def test_every_benchmark_has_its_baselines_listed_here():
-    assert set(BASELINES) == set(bench.REGISTRY)
+    assert set(BASELINES) == set(bench.load_all())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels on a GPU")
 @pytest.mark.parametrize("name", sorted(BASELINES))
 def test_benchmark_runs_on_a_gpu(tmp_path, name):
-    assert bench.main([name, "--out", str(tmp_path / "r.json")]) == 0
+    assert command.main([name, "--out", str(tmp_path / "r.json")]) == 0
     recs = json.loads((tmp_path / "r.json").read_text())
     assert {r["baseline_name"] for r in recs} == BASELINES[name]
     assert all(r["ours"] > 0 and r["device"] == torch.cuda.get_device_name() for r in recs)

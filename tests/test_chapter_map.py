@@ -5,16 +5,15 @@ import importlib
 import re
 
 import kernels
-from kernels import ROOT
+from kernels import ROOT, bench
 
 FIELDS = {
     "Kernels": "kernels/{}.py",
     "Checks": "kernels/checks/{}.py",
     "Tests": "tests/{}.py",
-    "Benchmarks": "kernels/benchmarks/{}.py",
+    "Benchmarks": "kernels/bench/{}.py",
 }
-TOOLING = {"__init__", "device", "testing", "numerics_probe", "bench", "profiles", "gpu_lane"}
-TOOLING |= {"_mode", "_bounds"}  # kernels/grade/ is a package: not a *.py here
+TOOLING = {"__init__", "device", "testing", "numerics_probe", "gpu_lane", "_mode", "_bounds"}
 
 
 def chapter_map() -> dict:
@@ -42,7 +41,7 @@ def test_every_chapter_module_is_on_the_map():
     named = chapter_map()
     kernels_here = {p.stem for p in (ROOT / "kernels").glob("*.py")} - TOOLING
     checks_here = {p.stem for p in (ROOT / "kernels" / "checks").glob("lab*.py")}
-    bench_here = {p.stem for p in (ROOT / "kernels" / "benchmarks").glob("*.py")} - {"__init__"}
+    bench_here = {p.stem for p in (ROOT / "kernels" / "bench").glob("*.py")} - {"__init__", "__main__", *bench.TOOLS}
     assert kernels_here <= set(named["Kernels"]), kernels_here - set(named["Kernels"])
     assert checks_here <= set(named["Checks"]), checks_here - set(named["Checks"])
     assert bench_here <= set(named["Benchmarks"]), bench_here - set(named["Benchmarks"])

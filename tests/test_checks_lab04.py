@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import amp
+from kernels import amp, charmodel, norms
 from kernels.checks import ExerciseNotDone, lab04, passes
 
 # -- q1: a student's unscale, one launch per tensor -------------------------------------------------------
@@ -187,17 +187,17 @@ def student_rms_forward(mode):
 
 
 def rstd_in_bf16(x, w, eps):
-    y, rstd = amp.rmsnorm_forward(x, w, eps)
+    y, rstd = norms.rmsnorm_forward(x, w, eps)
     return y, rstd.to(torch.bfloat16)
 
 
 def dx_without_projection(dy, x, w, rstd):
-    _, dw = amp.rmsnorm_backward(dy, x, w, rstd)
+    _, dw = norms.rmsnorm_backward(dy, x, w, rstd)
     return (dy.float() * w.float() * rstd[:, None]).to(x.dtype), dw
 
 
 def dw_accumulated_in_bf16(dy, x, w, rstd):
-    dx, _ = amp.rmsnorm_backward(dy, x, w, rstd)
+    dx, _ = norms.rmsnorm_backward(dy, x, w, rstd)
     terms = (dy.float() * x.float() * rstd[:, None]).to(torch.bfloat16)  # (M, N)
     dw = torch.zeros(x.shape[1], dtype=torch.bfloat16, device=x.device)
     for row in terms:
@@ -205,7 +205,7 @@ def dw_accumulated_in_bf16(dy, x, w, rstd):
     return dx, dw
 
 
-RIGHT_RMS = (amp.rmsnorm_forward, amp.rmsnorm_backward)
+RIGHT_RMS = (norms.rmsnorm_forward, norms.rmsnorm_backward)
 
 
 # -- q4: a student's training step ------------------------------------------------------------------------------
@@ -457,7 +457,7 @@ STUDENT_SOLUTIONS = {
         "0-dim tensors and torch.where": TensorStateScaler,
     },
     "q3": {
-        "1/tl.sqrt, other=0.0, package backward": (student_rms_forward(STATS_FP32), amp.rmsnorm_backward),
+        "1/tl.sqrt, other=0.0, package backward": (student_rms_forward(STATS_FP32), norms.rmsnorm_backward),
         "tl.rsqrt, tl.where mask, per-row dw summed on the host": (rms_forward_rsqrt, rms_backward_rows),
     },
     "q4": {
@@ -506,12 +506,12 @@ WRONG_SOLUTIONS = {
         "state_dict without the growth tracker": StateDictWithoutTracker,
     },
     "q3": {
-        "statistics in bf16": (student_rms_forward(STATS_BF16), amp.rmsnorm_backward),
-        "mean over the padded block": (student_rms_forward(DIVIDE_BY_BLOCK), amp.rmsnorm_backward),
-        "eps outside the square root": (student_rms_forward(EPS_OUTSIDE), amp.rmsnorm_backward),
-        "rstd saved in bf16": (rstd_in_bf16, amp.rmsnorm_backward),
-        "dx without the projection term": (amp.rmsnorm_forward, dx_without_projection),
-        "dw accumulated in bf16": (amp.rmsnorm_forward, dw_accumulated_in_bf16),
+        "statistics in bf16": (student_rms_forward(STATS_BF16), norms.rmsnorm_backward),
+        "mean over the padded block": (student_rms_forward(DIVIDE_BY_BLOCK), norms.rmsnorm_backward),
+        "eps outside the square root": (student_rms_forward(EPS_OUTSIDE), norms.rmsnorm_backward),
+        "rstd saved in bf16": (rstd_in_bf16, norms.rmsnorm_backward),
+        "dx without the projection term": (norms.rmsnorm_forward, dx_without_projection),
+        "dw accumulated in bf16": (norms.rmsnorm_forward, dw_accumulated_in_bf16),
     },
     "q4": {
         "unscale after clip": step_unscale_after_clip,
@@ -555,7 +555,7 @@ RIGHT_SOLUTIONS = {
     "q1": amp.foreach_non_finite_check_and_unscale_,
     "q2": amp.DynamicLossScaler,
     "q3": RIGHT_RMS,
-    "q4": amp.train_step,
+    "q4": charmodel.train_step,
 }
 
 CASES = [(q, name) for q, wrongs in WRONG_SOLUTIONS.items() for name in wrongs]
@@ -576,7 +576,7 @@ def test_the_student_style_right_solutions_pass():
     # The switches' "right" settings pass too: the wrong ones differ by exactly one mistake.
     lab04.check_unscale(student_unscale(RIGHT))
     lab04.check_scaler(StudentScaler)
-    lab04.check_rmsnorm((student_rms_forward(STATS_FP32), amp.rmsnorm_backward))
+    lab04.check_rmsnorm((student_rms_forward(STATS_FP32), norms.rmsnorm_backward))
 
 
 @pytest.mark.parametrize("question, name", STUDENT_CASES)
@@ -690,18 +690,18 @@ def test_stub_is_not_done(question):
 
 def test_rmsnorm_check_fails_nan_outputs():
     def nan_forward(x, w, eps):
-        y, rstd = amp.rmsnorm_forward(x, w, eps)
+        y, rstd = norms.rmsnorm_forward(x, w, eps)
         return torch.full_like(y, float("nan")), rstd
 
     with pytest.raises(AssertionError, match="y has NaN/inf"):
-        lab04.check_rmsnorm((nan_forward, amp.rmsnorm_backward))
+        lab04.check_rmsnorm((nan_forward, norms.rmsnorm_backward))
 
     def nan_backward(dy, x, w, rstd):
-        dx, dw = amp.rmsnorm_backward(dy, x, w, rstd)
+        dx, dw = norms.rmsnorm_backward(dy, x, w, rstd)
         return torch.full_like(dx, float("nan")), dw
 
     with pytest.raises(AssertionError, match="dx is off"):
-        lab04.check_rmsnorm((amp.rmsnorm_forward, nan_backward))
+        lab04.check_rmsnorm((norms.rmsnorm_forward, nan_backward))
 
 
 def test_scaler_check_wants_the_class():
@@ -839,8 +839,8 @@ HIDDEN_CATCHES = {
         "growth tracker not restored": TrackerNotRestored,
     },
     "q3": {
-        "y rounded to bf16 whatever the dtype": (rms_forward_bf16_out, amp.rmsnorm_backward),
-        "dw rounded to bf16 whatever the dtype": (amp.rmsnorm_forward, rms_backward_dw_bf16),
+        "y rounded to bf16 whatever the dtype": (rms_forward_bf16_out, norms.rmsnorm_backward),
+        "dw rounded to bf16 whatever the dtype": (norms.rmsnorm_forward, rms_backward_dw_bf16),
     },
     "q4": {
         "max_norm typed in from the public check": step_max_norm_typed_in,

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from _student import assert_student_solution_passes
 
-from kernels import fp4
+from kernels import fp4, hadamard, w4a16
 from kernels.checks import ExerciseNotDone, lab06
 from kernels.device import default_device
 
@@ -104,7 +104,7 @@ def student_hadamard(x, block, signs, *, normalize=True, use_signs=True, signs_a
     xd = x.detach().cpu().double()
     d = signs.cpu().double() if use_signs else torch.ones(block, dtype=torch.float64)
     b = xd.shape[-1] if whole_row else block
-    h = fp4.hadamard_matrix(b, dtype=torch.float64, normalized=normalize)
+    h = hadamard.hadamard_matrix(b, dtype=torch.float64, normalized=normalize)
     xb = xd.reshape(xd.shape[0], -1, b)
     if whole_row:
         y = (xb @ h).reshape(xd.shape)
@@ -202,8 +202,8 @@ RIGHT = {
 PACKAGE = {
     "q1": lambda x, fmt: tuple(fp4.quantize_fp4(x, fmt))[:3],
     "q2": lambda q, s, ts, fmt: fp4.dequantize_fp4(fp4.FP4Tensor(q, s, ts, fmt)),
-    "q3": lambda a, q, s, ts, fmt: fp4.w4a16_matmul(a, fp4.FP4Tensor(q, s, ts, fmt)),
-    "q4": lambda x, b, d: fp4.hadamard_rotate(x, b, d),
+    "q3": lambda a, q, s, ts, fmt: w4a16.w4a16_matmul(a, fp4.FP4Tensor(q, s, ts, fmt)),
+    "q4": lambda x, b, d: hadamard.hadamard_rotate(x, b, d),
 }
 
 
@@ -690,7 +690,7 @@ def hadamard_signed_rows(x, block, signs):
     input_precision="ieee", and the 1/sqrt(B) done in the kernel as a correctly rounded division by
     sqrt_rn(B); 32 rows per program."""
     m, k = x.shape
-    h = fp4.hadamard_matrix(block, dtype=torch.float32, device=x.device, normalized=False)
+    h = hadamard.hadamard_matrix(block, dtype=torch.float32, device=x.device, normalized=False)
     y = torch.empty_like(x)
     _hadamard_signed_rows_kernel[(triton.cdiv(m, 32), k // block)](
         x.contiguous(), h, signs.float().contiguous(), y, m, k, B=block, ROWS=32
@@ -790,7 +790,7 @@ def hadamard_one_row_tile(x, block, signs):
 
 def hadamard_signs_of_the_public_check(x, block, signs):
     """The public check's signs, random_signs(block, seed=block), drawn again instead of the ones passed."""
-    return student_hadamard(x, block, fp4.random_signs(block, seed=block))
+    return student_hadamard(x, block, hadamard.random_signs(block, seed=block))
 
 
 HIDDEN_CATCHES = {

@@ -123,8 +123,8 @@ def test_cpu_mode_works_when_triton_was_imported_first(tmp_path):
 
 
 def test_gpu_environment_names_what_results_depend_on(monkeypatch):
-    from kernels import bench
     from kernels.authoring import record
+    from kernels.bench import command
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
@@ -139,7 +139,7 @@ def test_gpu_environment_names_what_results_depend_on(monkeypatch):
         record.environment()
     )
     monkeypatch.setenv("KERNELS_COMMIT", "abc123")
-    assert bench.environment()["commit"] == "abc123"
+    assert command.environment()["commit"] == "abc123"
 
 
 @pytest.mark.parametrize(("interpreter", "want"), [(True, "cpu"), (False, "cuda")])

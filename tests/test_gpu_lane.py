@@ -116,6 +116,24 @@ def test_the_hash_follows_notebook_code_not_outputs(tree):
     assert gpu_lane.tree_sha256(tree) != before
 
 
+def test_what_tools_leave_behind_is_not_covered(tree):
+    """A ruff cache (tests/submissions has its own ruff.toml), an egg-info, a checkpoint folder: a copy of
+    the tree on the device may hold them and a clean clone does not, so they must not change the hash."""
+    before = gpu_lane.tree_sha256(tree)
+    for rel in (
+        "tests/submissions/.ruff_cache/0.9/123",
+        "tests/.ruff_cache/CACHEDIR.TAG",
+        "kernels/x.egg-info/PKG-INFO",
+        "book/.ipynb_checkpoints/01-checkpoint.ipynb",
+        "tests/.hidden.py",
+    ):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text("left behind\n")
+    assert gpu_lane.tree_sha256(tree) == before
+    (tree / "tests/submissions/new.py").write_text("seen\n")
+    assert gpu_lane.tree_sha256(tree) != before
+
+
 def _record(root, sha=None, failed=(), parts=("tests", "notebooks")):
     env = {"device": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0", "triton": "3.6.0", "python": "3.12.3"}
     env |= {"date": "2026-01-02T03:04:05+00:00", "commit": None, "sha256": sha or gpu_lane.tree_sha256(root)}

@@ -1,10 +1,10 @@
-"""kernels.profiles: the Nsight Compute raw page is read back into one entry per contender, in launch order."""
+"""kernels.bench.profiles: the Nsight Compute raw page is read back into one entry per contender, in launch order."""
 
 import json
 
 import pytest
 
-from kernels import profiles
+from kernels.bench import profiles
 
 STALL = "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
 HEADER = f'"ID","Kernel Name","gpu__time_duration.sum","launch__registers_per_thread","dram__bytes.sum","{STALL}"'

@@ -9,7 +9,7 @@
 * q3 :func:`check_rmsnorm`: ``forward(x, w, eps) -> (y, rstd)`` and ``backward(dy, x, w, rstd) ->
   (dx, dw)``, against an fp64 reference, with the output rounded once to the input's dtype.
 * q4 :func:`check_train_step`: ``step(model, optimizer, scaler, inputs, targets, autocast_dtype,
-  max_norm) -> (loss, skipped)``, against :func:`kernels.amp.train_step` on twin models.
+  max_norm) -> (loss, skipped)``, against :func:`kernels.charmodel.train_step` on twin models.
 
 The truth is computed by torch or by :mod:`kernels.amp` (itself tested against torch), never typed in;
 the inputs are fixed, so pass lines print the same counts on every machine.  A failing check names
@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from kernels import amp
+from kernels import amp, charmodel
 from kernels.checks import call_student, is_class, student_side, type_name
 from kernels.device import default_device
 from kernels.testing import bits
@@ -465,7 +465,7 @@ class _StepTwin:
 
 def check_train_step(step_fn, autocast_dtype=torch.float16, seed=2, steps=10, max_norm=0.05, returns=False) -> None:
     """q4: ``step_fn(model, optimizer, scaler, inputs, targets, autocast_dtype, max_norm) -> (loss, skipped)``
-    trains twin models exactly like :func:`kernels.amp.train_step`: same skipped steps, same loss
+    trains twin models exactly like :func:`kernels.charmodel.train_step`: same skipped steps, same loss
     scale, same parameters after every step (SGD, so the size of an update shows).  ``steps`` batches
     drawn from ``seed``; ``max_norm`` small, so that clipping is active on every step; with
     ``returns``, the loss and skipped it returns must be the reference's too."""
@@ -481,7 +481,7 @@ def check_train_step(step_fn, autocast_dtype=torch.float16, seed=2, steps=10, ma
     for i, (x, y) in enumerate(data):
         before, params, scale, *returned = ours.step(x, y, autocast_dtype, max_norm, returns)
         ref_before = [p.detach().clone() for p in ref_model.parameters()]
-        ref_loss, ref_skipped = amp.train_step(ref_model, ref_opt, ref_scaler, x, y, autocast_dtype, max_norm)
+        ref_loss, ref_skipped = charmodel.train_step(ref_model, ref_opt, ref_scaler, x, y, autocast_dtype, max_norm)
         skips += int(ref_skipped)
         if returns:
             loss, skipped = returned

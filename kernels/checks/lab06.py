@@ -11,7 +11,7 @@ and at sizes that only they state.
 import numpy as np
 import torch
 
-from kernels import fp4
+from kernels import fp4, hadamard
 from kernels.checks import call_student, constant_output, type_name
 from kernels.device import default_device
 from kernels.testing import first_mismatches
@@ -372,35 +372,35 @@ def check_hadamard(fn, x: torch.Tensor | None = None, seed: int | None = None) -
         x = torch.randn(8, 256, generator=g).to(torch.bfloat16)
     rows, k = x.shape
     problems = []
-    for block in fp4.HADAMARD_BLOCKS:
-        d = fp4.random_signs(block, seed=block if seed is None else seed + block)
+    for block in hadamard.HADAMARD_BLOCKS:
+        d = hadamard.random_signs(block, seed=block if seed is None else seed + block)
         out = call_student(fn, x.to(dev), block, d.to(dev), name=name, question=question)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x.shape):
             raise AssertionError(f"{question}: {name} must return a tensor of x's shape {tuple(x.shape)}")
         got = out.detach().cpu().double()
-        want = fp4.hadamard_rotate_reference(x.float(), block, d).double()
+        want = hadamard.hadamard_rotate_reference(x.float(), block, d).double()
 
         def near(ref, got=got):
             return bool(((got - ref).abs() <= 1e-2 + 1e-2 * ref.abs()).all())  # bf16 output: 2^-8
 
         if near(want):
             continue
-        h = fp4.hadamard_matrix(block, dtype=torch.float64)
+        h = hadamard.hadamard_matrix(block, dtype=torch.float64)
         xb = x.double().reshape(rows, -1, block)
         if near(want * block**0.5):
             problems.append(f"block {block}: not normalized: divide by sqrt({block}) so that R is orthonormal")
-        elif near(fp4.hadamard_rotate_reference(x.float(), block).double()):
+        elif near(hadamard.hadamard_rotate_reference(x.float(), block).double()):
             problems.append(f"block {block}: the random signs are ignored: multiply x by signs before H")
         elif near(((xb @ h) * d.double()).reshape(rows, -1)):
             problems.append(f"block {block}: signs applied after H (that is the inverse's order): x * signs, then H")
-        elif k & (k - 1) == 0 and near(x.double() @ fp4.hadamard_matrix(k, dtype=torch.float64)):
+        elif k & (k - 1) == 0 and near(x.double() @ hadamard.hadamard_matrix(k, dtype=torch.float64)):
             problems.append(f"block {block}: rotated the whole row at once: each block of {block} on its own")
         else:
             bad = np.flatnonzero(((got - want).abs() > 1e-2 + 1e-2 * want.abs()).numpy().ravel())
             problems.append(first_mismatches(np.empty(0), got.numpy(), want.numpy(), bad, what=f"block {block}"))
     if problems:
         raise AssertionError(f"{question}: {name} is wrong\n" + "\n".join(f"  - {p}" for p in problems))
-    print(f"{question} passed: blocks {fp4.HADAMARD_BLOCKS}, within bf16 tolerance of the float64 rotation")
+    print(f"{question} passed: blocks {hadamard.HADAMARD_BLOCKS}, within bf16 tolerance of the float64 rotation")
 
 
 __all__ = [

@@ -7,14 +7,14 @@ W4A16 (``fp4_w4a16_gemm``): ``M`` in {1, 16}, ``N = K = 8192``, NVFP4 and MXFP4 
 package's dequantizer to bf16, then ``torch.matmul``); the ``tl.dot`` kernel that the lab builds
 (``kernel="dot"``) is timed beside the default (the Gluon kernel of :mod:`kernels.w4a16_mma`).  The last
 baseline, "read the weight bytes", is a kernel that reads as many bytes as the FP4 weight and its scales
-and does nothing else (:func:`kernels.benchmarks.read_baseline`): no W4A16 kernel can beat it, so its
+and does nothing else (:func:`kernels.bench.read_baseline`): no W4A16 kernel can beat it, so its
 ratio says how close to the memory ceiling ours runs, and its time against bf16's says what that
 ceiling is worth at this size (launch, ramp-up and tail included, not just bytes over peak bandwidth).  One FP4
 weight is 36 MB (NVFP4) or 34 MB (MXFP4), less than the H200's 60 MB L2, so every contender cycles
 through ``WEIGHT_SETS`` weights per call sequence: each call reads its weight from HBM, as a decode step
 does.  A call takes tens of microseconds, about what Python needs to launch a Triton kernel, so every
 contender is timed as the replay of a CUDA graph of ``GRAPH_CALLS`` calls
-(:func:`kernels.benchmarks.graphed`), as a decode step is run.
+(:func:`kernels.bench.graphed`), as a decode step is run.
 
 Quantizers: bytes counted are every read of the bf16 input (NVFP4 with its tensor scale computed reads it
 twice: an amax pass, then the quantize pass), the packed codes (half a byte per element) and the scales
@@ -25,7 +25,7 @@ import itertools
 
 import torch
 
-from kernels.benchmarks import benchmark, copy_baseline, graphed, measure, read_baseline
+from kernels.bench import benchmark, copy_baseline, graphed, measure, read_baseline
 
 GEMM_SHAPES = ((1, 8192, 8192), (16, 8192, 8192))
 WEIGHT_SETS = 4  # 4 x 36 MB of FP4 weights (4 x 128 MB of bf16): beyond L2
@@ -41,7 +41,7 @@ def _rotating(fns):
 @benchmark("fp4_w4a16_gemm")
 def _bench_w4a16():
     """Weight-only FP4 GEMM (weights dequantized in registers, bf16 tensor cores) at decode shapes."""
-    from kernels import fp4
+    from kernels import fp4, w4a16
     from kernels.testing import compare
 
     records = []
@@ -50,15 +50,15 @@ def _bench_w4a16():
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         for fmt in fp4.FORMATS:
             wq = [fp4.quantize_fp4(w, fmt) for w in ws]
-            got = fp4.w4a16_matmul(a, wq[0])
+            got = w4a16.w4a16_matmul(a, wq[0])
             want = a @ fp4.dequantize_fp4(wq[0], torch.bfloat16).T
             c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=2e-2, name=f"w4a16 {fmt}")
             if not c.ok:
                 raise AssertionError(f"fp4_w4a16_gemm {fmt}: differs from dequantize-then-matmul; not timing it\n{c}")
-            ours = _rotating([lambda w=w, a=a: fp4.w4a16_matmul(a, w) for w in wq])
+            ours = _rotating([lambda w=w, a=a: w4a16.w4a16_matmul(a, w) for w in wq])
             bf16 = _rotating([lambda w=w, a=a: torch.matmul(a, w.T) for w in ws])
             deq = _rotating([lambda w=w, a=a: torch.matmul(a, fp4.dequantize_fp4(w, torch.bfloat16).T) for w in wq])
-            dot = _rotating([lambda w=w, a=a: fp4.w4a16_matmul(a, w, kernel="dot") for w in wq])
+            dot = _rotating([lambda w=w, a=a: w4a16.w4a16_matmul(a, w, kernel="dot") for w in wq])
             read = read_baseline(wq[0].q.numel() + wq[0].s.numel() * wq[0].s.element_size(), WEIGHT_SETS)
             records += measure(
                 "fp4_w4a16_gemm",

@@ -3,7 +3,7 @@ mixed-precision RMSNorm forward and backward, against torch and a device copy.""
 
 import torch
 
-from kernels.benchmarks import benchmark, copy_baseline, measure
+from kernels.bench import benchmark, copy_baseline, measure
 
 # ~200 gradients, sizes spread over three decades like a transformer's (norm weights, biases, big
 # projection matrices), at least 1 GiB of fp32 in all: far beyond the 60 MB L2.
@@ -80,11 +80,11 @@ def _rms_inputs(n: int):
 
 
 def _check_rows(got, x, w, eps, what):
-    from kernels import amp
+    from kernels import norms
     from kernels.testing import compare
 
     rows = slice(0, 257)
-    result = compare(got[rows], amp.rmsnorm_reference(x[rows], w, eps), atol=1e-6, rtol=2.0**-8, name=what)
+    result = compare(got[rows], norms.rmsnorm_reference(x[rows], w, eps), atol=1e-6, rtol=2.0**-8, name=what)
     if not result.ok:
         raise AssertionError(f"{what}: the kernel disagrees with the fp32 reference; not timing it\n{result}")
 
@@ -93,12 +93,12 @@ def _check_rows(got, x, w, eps, what):
 def _bench_amp_rmsnorm_fwd():
     """RMSNorm forward, bf16 rows of 4096 and 8192: x read, y written (2 + 2 bytes per element), the
     fp32 rstd written (4 bytes per row), the weight read once."""
-    from kernels import amp
+    from kernels import norms
 
     records, eps = [], 1e-6
     for n in RMSNORM_WIDTHS:
         m, x, w = _rms_inputs(n)
-        y, _ = amp.rmsnorm_forward(x, w, eps)
+        y, _ = norms.rmsnorm_forward(x, w, eps)
         _check_rows(y, x, w, eps, f"amp_rmsnorm_fwd {m}x{n}")
         del y
         nbytes = m * n * (2 + 2) + m * 4 + n * 2
@@ -111,7 +111,7 @@ def _bench_amp_rmsnorm_fwd():
             f"{m}x{n} bf16",
             "GB/s",
             nbytes,
-            lambda x=x, w=w: amp.rmsnorm_forward(x, w, eps),
+            lambda x=x, w=w: norms.rmsnorm_forward(x, w, eps),
             baselines,
         )
         del x, w
@@ -124,15 +124,15 @@ def _bench_amp_rmsnorm_bwd():
     element), rstd read (4 bytes per row), weight read and dW written once; the fp32 partial dW sums
     (programs x N x 4 bytes, a few MB) are not counted.  Second baseline: autograd through torch's
     rms_norm (its backward only, the forward graph kept)."""
-    from kernels import amp
+    from kernels import norms
     from kernels.testing import compare
 
     records, eps = [], 1e-6
     for n in RMSNORM_WIDTHS:
         m, x, w = _rms_inputs(n)
         dy = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
-        _, rstd = amp.rmsnorm_forward(x, w, eps)
-        dx, dw = amp.rmsnorm_backward(dy, x, w, rstd)
+        _, rstd = norms.rmsnorm_forward(x, w, eps)
+        dx, dw = norms.rmsnorm_backward(dy, x, w, rstd)
         rows = slice(0, 257)
         xr, wr = x[rows].double().requires_grad_(), w.double().requires_grad_()
         ref = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + eps) * wr
@@ -157,7 +157,7 @@ def _bench_amp_rmsnorm_bwd():
             f"{m}x{n} bf16",
             "GB/s",
             nbytes,
-            lambda dy=dy, x=x, w=w, rstd=rstd: amp.rmsnorm_backward(dy, x, w, rstd),
+            lambda dy=dy, x=x, w=w, rstd=rstd: norms.rmsnorm_backward(dy, x, w, rstd),
             baselines,
         )
         del x, w, dy, rstd, x_leaf, w_leaf, y_torch

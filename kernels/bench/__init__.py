@@ -1,9 +1,19 @@
-"""The benchmark registry and the timing that every benchmark shares.
+"""Speed, measured honestly: the benchmark registry and the timing every benchmark shares.
 
-One module per topic lives in this package (``formats.py``, ``scaling.py``, ...); each registers its
-benchmarks with :func:`benchmark`: a function that takes no argument and returns a list of records made
-by :func:`measure`.  ``python -m kernels.bench`` imports every module here (:func:`load_all`), so a new
-file is all a new benchmark needs.
+Every chapter's speed section and ``benchmarks/results/``.  Entry points: ``python -m kernels.bench
+[NAME ...]`` (:mod:`kernels.bench.command`), :func:`benchmark`, :func:`measure`, :func:`copy_baseline`,
+:func:`read_baseline`, :func:`graphed`; ``python -m kernels.bench.profiles`` for Nsight Compute.
+
+Every benchmark checks its result against the reference once, then times our kernel and its
+baselines in the same process, interleaved (:data:`ROUNDS` rounds, median of each), with CUDA events
+(``triton.testing.do_bench``), on random inputs larger than the GPU's L2 cache.  Work is counted
+explicitly (bytes for memory-bound kernels, 2*M*N*K FLOPs for GEMMs), and speed is reported as a ratio
+to a baseline from the same run: times from different runs on a shared machine are not comparable.
+
+One module per topic lives in this package (``formats.py``, ``scaling.py``, ``amp.py``, ``fp8.py``,
+``fp4.py``, ``hazards.py``); each registers its benchmarks with :func:`benchmark`: a function that
+takes no argument and returns a list of records made by :func:`measure`.  :func:`load_all` imports
+every module here except the tools (:data:`TOOLS`), so a new file is all a new benchmark needs.
 """
 
 import importlib
@@ -15,6 +25,7 @@ import triton
 import triton.language as tl
 
 REGISTRY = {}
+TOOLS = ("command", "profiles")  # modules of this package that register no benchmark
 
 # Interleaving rounds: each round times every contender once; the median over rounds is reported.
 ROUNDS = 3
@@ -35,7 +46,8 @@ def benchmark(name: str):
 def load_all() -> dict:
     """Import every benchmark module of this package; returns the registry."""
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        importlib.import_module(f"{__name__}.{info.name}")
+        if info.name not in TOOLS and not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
     return REGISTRY
 
 
@@ -140,6 +152,7 @@ def read_baseline(nbytes: int, sets: int = 1, device="cuda"):
 __all__ = [
     "REGISTRY",
     "ROUNDS",
+    "TOOLS",
     "benchmark",
     "copy_baseline",
     "graphed",

@@ -3,8 +3,8 @@
 On a GPU machine with Nsight Compute (``ncu``)::
 
     ncu --set full --clock-control none --profile-from-start off -o /tmp/blockwise \\
-        python -m kernels.profiles run fp8_gemm_blockwise
-    python -m kernels.profiles save fp8_gemm_blockwise /tmp/blockwise.ncu-rep
+        python -m kernels.bench.profiles run fp8_gemm_blockwise
+    python -m kernels.bench.profiles save fp8_gemm_blockwise /tmp/blockwise.ncu-rep
 
 ``run`` builds the profile's contenders, calls each twice outside the profiled window (autotuning,
 warming), then once each between ``cudaProfilerStart`` and ``cudaProfilerStop``, in the order of
@@ -53,7 +53,7 @@ GEMM_KERNEL = re.compile(r"gemm|nvjet|cutlass|xmma", re.IGNORECASE)
 def _fp8_contenders(scaling: str, shape, labels) -> dict:
     """Our GEMM and cuBLAS's with ``scaling``, and the tensorwise ones, at ``shape``, for ``labels``."""
     from kernels import fp8_gemm as G
-    from kernels.benchmarks.fp8 import WISE, operands
+    from kernels.bench.fp8 import WISE, operands
 
     m, n, k = shape
     _, _, qa, qb = operands(m, n, k, scaling)
@@ -85,7 +85,7 @@ PROFILES = {
 def run(name: str) -> None:
     """Call each contender of profile ``name`` once inside the profiler's window (see the module docstring)."""
     if not torch.cuda.is_available():
-        raise SystemExit("kernels.profiles run needs a CUDA GPU (and is meant to run under ncu)")
+        raise SystemExit("kernels.bench.profiles run needs a CUDA GPU (and is meant to run under ncu)")
     spec = PROFILES[name]
     fns = _fp8_contenders(spec["scaling"], spec["shape"], spec["labels"])
     for fn in fns.values():
@@ -135,7 +135,7 @@ def parse_raw_csv(text: str, labels) -> list:
 
 def save(name: str, report: str, ncu: str = "ncu") -> Path:
     """Write ``benchmarks/profiles/<gpu-slug>-<name>.json`` from the Nsight Compute report ``report``."""
-    from kernels.bench import environment, gpu_slug
+    from kernels.bench.command import environment, gpu_slug
 
     ncu = shutil.which(ncu) or shutil.which("/usr/local/cuda/bin/ncu") or ncu
     raw = subprocess.run(
@@ -197,7 +197,7 @@ def report(name: str, gpu: str = "nvidia-h200") -> str:
     ``torch._scaled_mm``), one row per quantity; or one line saying how to make it."""
     path = PROFILE_DIR / f"{gpu}-{name}.json"
     if not path.exists():
-        return f"no profile {path.name} yet: the docstring of kernels/profiles.py gives the two commands"
+        return f"no profile {path.name} yet: the docstring of kernels/bench/profiles.py gives the two commands"
     doc = json.loads(path.read_text())
     m, n, _ = (int(v) for v in doc["shape"].split("x"))
     kerns = doc["kernels"]
@@ -210,7 +210,7 @@ def report(name: str, gpu: str = "nvidia-h200") -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels.profiles", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m kernels.bench.profiles", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="launch the contenders inside the profiler's window")
     r.add_argument("name", choices=sorted(PROFILES))

@@ -9,7 +9,7 @@ reference (on a slice of rows) before it is timed.
 
 import torch
 
-from kernels.benchmarks import benchmark, measure
+from kernels.bench import benchmark, measure
 
 # (M, N, K): square sizes, a wide-N / short-K case, and an LLM projection (16384 tokens, K = 1024).
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 4096), (16384, 8192, 1024))

@@ -2,7 +2,7 @@
 
 import torch
 
-from kernels.benchmarks import benchmark, copy_baseline, measure
+from kernels.bench import benchmark, copy_baseline, measure
 
 
 @benchmark("bf16_cast")

@@ -7,7 +7,7 @@ pass and cast pass each read it), the codes written (1 byte per element) and the
 
 import torch
 
-from kernels.benchmarks import benchmark, copy_baseline, measure
+from kernels.bench import benchmark, copy_baseline, measure
 
 SHAPES = ((16384, 8192), (32768, 16384))  # 256 MiB and 1 GiB of bf16: far beyond the 60 MB L2
 

@@ -1,14 +1,11 @@
-"""Speed, measured honestly: ``python -m kernels.bench [NAME ...]``.
+"""The command ``python -m kernels.bench [NAME ...]``: run benchmarks, keep their records.
 
-Every benchmark checks its result against the reference once, then times our kernel and its
-baselines in the same process, interleaved, with CUDA events (``triton.testing.do_bench``, median),
-on random inputs larger than the GPU's L2 cache.  Work is counted explicitly (bytes for memory-bound
-kernels, 2*M*N*K FLOPs for GEMMs), and speed is reported as a ratio to a baseline from the same run:
-times from different runs on a shared machine are not comparable.
+Every chapter's speed section.  Entry points: :func:`main`, :func:`merge`, :func:`environment`.
 
-Results are merged into ``benchmarks/results/<gpu-slug>.json``, one record per (bench, shape,
-baseline); chapters plot them from there.  The benchmarks themselves live one module per topic in
-``kernels/benchmarks/``, registered with :func:`kernels.benchmarks.benchmark`.
+It runs the named benchmarks of :data:`kernels.bench.REGISTRY` (all of them by default) on a CUDA
+GPU after a warm-up, prints one line per record and merges the records into
+``benchmarks/results/<gpu-slug>.json``, one record per (bench, shape, baseline), each with the GPU,
+the versions and the commit; chapters plot them from there.
 """
 
 import argparse
@@ -23,21 +20,16 @@ from pathlib import Path
 import torch
 
 from kernels import ROOT
-from kernels.benchmarks import REGISTRY, ROUNDS, benchmark, copy_baseline, load_all, measure, median_ms
+from kernels.bench import REGISTRY, load_all
 
 RESULTS = ROOT / "benchmarks" / "results"
 __all__ = [
-    "REGISTRY",
-    "ROUNDS",
-    "benchmark",
-    "copy_baseline",
+    "RESULTS",
     "environment",
     "gpu_slug",
-    "load_all",
     "main",
-    "measure",
-    "median_ms",
     "merge",
+    "warm_up",
 ]
 
 
@@ -90,6 +82,7 @@ def merge(path: Path, records: list) -> list:
 
 
 def main(argv=None) -> int:
+    load_all()  # every topic module of kernels/bench/ registers its benchmarks
     parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {sorted(REGISTRY)})")
     parser.add_argument("--out", type=Path, help="results file (default: benchmarks/results/<gpu>.json)")
@@ -118,9 +111,3 @@ def main(argv=None) -> int:
     merge(out, records)
     print(f"wrote {len(records)} records to {out}")
     return 0
-
-
-load_all()  # every module in kernels/benchmarks/ registers its benchmarks
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@ FP8 matmul with fp32 promotion every 128 K-elements against the same kernel with
 
 import torch
 
-from kernels.benchmarks import benchmark, copy_baseline, measure
+from kernels.bench import benchmark, copy_baseline, measure
 
 
 @benchmark("hazards_stochastic_round")
