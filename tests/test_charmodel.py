@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kernels import amp, charmodel
+from kernels import ROOT, amp, charmodel
 from kernels.device import default_device
 
 DEVICE = default_device()
@@ -15,7 +15,7 @@ TINY = {"dim": 32, "layers": 1, "heads": 2, "context": 16}
 
 def test_corpus_ids_spell_the_text():
     ids, vocab = charmodel.load_corpus()
-    text = (charmodel.ROOT / charmodel.CORPUS).read_text(encoding="ascii")
+    text = (ROOT / charmodel.CORPUS).read_text(encoding="ascii")
     assert vocab == "".join(sorted(set(text)))
     assert ids.dtype == torch.int64 and ids.numel() == len(text)
     assert "".join(vocab[i] for i in ids[:500].tolist()) == text[:500]
