@@ -1,5 +1,6 @@
 """Choose compiled Triton or its (corrected) interpreter, before any kernel is decorated."""
 
+import importlib.util
 import os
 import sys
 import warnings
@@ -69,6 +70,8 @@ def select() -> bool:
     any ``@triton.jit`` in the package (or in a notebook that imports the package first).
     """
     global _ANNOUNCED
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None:
+        return False  # no kernel can run here; what needs none (python -m kernels.gpu_lane --check) still can
     use = _want_interpreter()
     if not use:
         return False

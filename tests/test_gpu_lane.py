@@ -190,6 +190,27 @@ def test_check_from_the_command_line(tree):
     assert run.stdout.count("\n") == 1 and run.stdout.startswith("gpu lane: fresh and clean: 20 passed")
 
 
+def test_check_needs_neither_torch_nor_triton(tree):
+    """``--check`` reads a record and hashes files: on a machine without torch or triton it still answers."""
+    _record(tree)
+    hide = "import sys; sys.path = [p for p in sys.path if 'site-packages' not in p and 'dist-packages' not in p]"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"{hide}; import runpy; sys.argv = ['gpu_lane', '--check', '--root', {str(tree)!r}]; "
+            "runpy.run_module('kernels.gpu_lane', run_name='__main__')",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in ("KERNELS_INTERPRET", "TRITON_INTERPRET", "PYTHONPATH")},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("gpu lane: fresh and clean: 20 passed")
+    assert "torch" not in run.stderr
+
+
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" errors="1" failures="1" skipped="2" tests="7">
   <testcase classname="tests.test_fp8" name="test_pass[bf16]" file="tests/test_fp8.py" line="3" time="0.1"/>
