@@ -21,7 +21,7 @@ otherwise the other part is dropped and has to be run again.
 Both parts (the default) run side by side, their workers splitting the CPUs (:func:`split_workers`), each
 pytest's output in its own log; each part is written to the record as soon as it ends, so a run cut short
 keeps the part it finished, and the other can be run alone.  Each part's record also names its slowest
-items and files.
+items and files, and the next run of part ``notebooks`` starts those notebooks first (:func:`longest_first`).
 """
 
 import argparse
@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from importlib import metadata
 from pathlib import Path
 
 from kernels import ROOT
@@ -221,6 +222,29 @@ def slowest(path, n: int = 10) -> dict:
     return {"slowest": [[i, round(t, 1)] for t, i in top], "slowest_files": [[f, round(t, 1)] for f, t in by_file]}
 
 
+def longest_first(root) -> list:
+    """The notebooks of part ``notebooks``, the slowest files of the last recorded run first, the rest in
+    path order.  The part's wall time is at least its longest notebook's, so that one must start at once:
+    given folders, xdist queues notebooks by their count of cells, and a long notebook queued behind
+    another's long last cells once made the part 90 s longer than its longest notebook."""
+    root = Path(root)
+    notebooks = [p for p in covered(root) if p.endswith(".ipynb") and p.split("/")[0] in PARTS["notebooks"]]
+    try:
+        last = json.loads((root / RECORD).read_text())["parts"]["notebooks"]["slowest_files"]
+        seconds = {str(path): float(t) for path, t in last}
+    except (OSError, ValueError, KeyError, TypeError):
+        seconds = {}
+    return sorted(notebooks, key=lambda p: (-seconds.get(p, 0.0), p))
+
+
+def _xdist_keeps_order() -> bool:
+    """Whether this pytest-xdist has ``--no-loadscope-reorder`` (3.8.0 and later)."""
+    try:
+        return tuple(int(n) for n in metadata.version("pytest-xdist").split(".")[:2]) >= (3, 8)
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+
+
 def run_part(root, name: str, workers: int, extra: list, threads: int = 1, log=None) -> dict:
     """Run one part under pytest (a subprocess, in ``root``) and return its record.
 
@@ -234,8 +258,13 @@ def run_part(root, name: str, workers: int, extra: list, threads: int = 1, log=N
     # Many workers starting Jupyter kernels at once on a loaded machine can take longer than nbval's
     # default minute to answer; a kernel that never starts is still an error, after five.
     notebooks = ["--nbval-lax", "--nbval-kernel-startup-timeout=300"]
+    if _xdist_keeps_order():  # in the order given (longest first), not xdist's order by count of cells
+        notebooks.append("--no-loadscope-reorder")
+    elif name == "notebooks":
+        print("kernels.gpu_lane: pytest-xdist < 3.8 orders notebooks by count of cells, not longest first", flush=True)
     flags += notebooks if name == "notebooks" else [f"--deselect={d}" for d in DESELECT]
-    shown = ["python", "-m", "pytest", *flags, *extra, *PARTS[name]]
+    targets = longest_first(root) if name == "notebooks" else PARTS[name]
+    shown = ["python", "-m", "pytest", *flags, *extra, *targets]
     where = f" (output in {log})" if log else ""
     print(f"gpu lane, part {name}: {' '.join(shown)}{where}", flush=True)
     env = {**os.environ}
@@ -246,7 +275,7 @@ def run_part(root, name: str, workers: int, extra: list, threads: int = 1, log=N
         cmd = [sys.executable, "-m", "pytest", *flags, "-o", "junit_family=xunit1", f"--junitxml={junit}"]
         date, start = _now(), time.perf_counter()
         with open(log, "w") if log else contextlib.nullcontext() as out:
-            proc = subprocess.run([*cmd, *extra, *PARTS[name]], cwd=root, env=env, stdout=out, stderr=out)
+            proc = subprocess.run([*cmd, *extra, *targets], cwd=root, env=env, stdout=out, stderr=out)
         rc, wall = proc.returncode, time.perf_counter() - start
         found = parse_junit(junit) if junit.exists() else {"passed": [], "failed": [], "skipped": {}}
         times = slowest(junit) if junit.exists() else {"slowest": [], "slowest_files": []}
@@ -367,6 +396,7 @@ __all__ = [
     "check",
     "covered",
     "environment",
+    "longest_first",
     "main",
     "merge",
     "parse_junit",

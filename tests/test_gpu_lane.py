@@ -352,6 +352,31 @@ def test_a_part_caps_threads_logs_its_output_and_names_its_slowest(tree, monkeyp
     assert seen["env"]["OMP_NUM_THREADS"] == "5" and seen["out"] is None, "a thread count the user set is kept"
 
 
+def test_the_slowest_notebooks_of_the_last_run_start_first(tree, monkeypatch):
+    _notebook(tree / "solutions/01.ipynb", "x = 1")
+    assert gpu_lane.longest_first(tree) == ["book/01.ipynb", "labs/01.ipynb", "solutions/01.ipynb"], "no record"
+    last = {"parts": {"notebooks": {"slowest_files": [["solutions/01.ipynb", 9.5], ["labs/01.ipynb", 2.0]]}}}
+    (tree / gpu_lane.RECORD).write_text(json.dumps(last))
+    assert gpu_lane.longest_first(tree) == ["solutions/01.ipynb", "labs/01.ipynb", "book/01.ipynb"]
+    seen = []
+
+    def fake_run(cmd, cwd, env, stdout, stderr):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(gpu_lane.subprocess, "run", fake_run)
+    monkeypatch.setattr(gpu_lane.metadata, "version", lambda name: "3.8.0")
+    part = gpu_lane.run_part(tree, "notebooks", 2, [])
+    assert seen[0][-3:] == ["solutions/01.ipynb", "labs/01.ipynb", "book/01.ipynb"]
+    assert "--no-loadscope-reorder" in seen[0], "xdist would reorder them by count of cells"
+    assert part["command"].endswith("solutions/01.ipynb labs/01.ipynb book/01.ipynb")
+    monkeypatch.setattr(gpu_lane.metadata, "version", lambda name: "3.6.1")
+    gpu_lane.run_part(tree, "notebooks", 2, [])
+    assert "--no-loadscope-reorder" not in seen[1], "an older xdist would refuse the flag"
+    (tree / gpu_lane.RECORD).write_text('{"parts": {"notebooks": {"slowest_files": [["labs/01.ipynb"]]}}}')
+    assert gpu_lane.longest_first(tree)[0] == "book/01.ipynb", "an unreadable record orders by path"
+
+
 def _root_conftest():
     import importlib.util
 
