@@ -18,8 +18,10 @@ The HYBRID recipe: activations and weights in E4M3 (precision), gradients in E5M
 operand is quantized along its GEMM's K dimension, so the transposed operands (``W^T``, ``dY^T``,
 ``X^T``) are quantized again *from the wide (bf16/fp32) original*, never made by transposing FP8
 codes: with per-row or per-block scales, transposed codes would carry scales that vary along K.  With
-one scale per tensor the two agree bit for bit (same S, same elements), so that recipe keeps the
-forward's 1-byte codes and transposes them: a third of the bytes a bf16 transpose plus a cast pass moves.
+one scale per tensor the two agree bit for bit (same S, same elements), so that recipe writes each
+operand's codes and its transpose's in one pass over the wide tensor
+(:func:`kernels.quantize.quantize_tensor_and_transpose`; :func:`tensor_operand`) and the backward keeps
+the transposes (1 byte per element), where a separate transpose would read and write the codes again.
 
 Scaling (:class:`FP8Recipe`): ``granularity`` "tensor" (default), "row" (one scale per row of each
 operand) or "block" (1x128 for A operands, 128x128 for B operands, with fp32 promotion).  With
@@ -79,15 +81,27 @@ class FP8Recipe:
 _GEMM_SCALING = {"tensor": "tensor", "row": "row", "block": "block"}
 
 
-def _delayed(state: Q.DelayedScaling, x: torch.Tensor) -> Q.Quantized:
-    """Delayed scaling with a cold start: while the history is empty (first step) the scale is the
-    current one, so step 1 neither saturates activations nor flushes gradients to zero."""
+def _delayed_scale(state: Q.DelayedScaling, x: torch.Tensor) -> torch.Tensor:
+    """The scale of delayed scaling, with a cold start: while the history is empty (first step) the
+    scale is the current one, so step 1 neither saturates activations nor flushes gradients to zero.
+    Records ``x``'s amax in the history."""
     amax = Q.tensor_amax(x)
     current = Q.scale_from_amax(amax * 2.0**state.margin, state.fmt)
     s = torch.where(state.amax_history.max() > 0, state.scale(), current)
-    q = Q.quantize_tensor_with_scale(x, s, state.fmt)
     state.update(amax)
-    return Q.Quantized(q, s)
+    return s
+
+
+def tensor_operand(x: torch.Tensor, fmt: str, state=None, transpose: bool = False) -> tuple:
+    """Per-tensor codes of a matrix ``x`` ``(rows, K)`` and, with ``transpose``, of ``x.T`` in the same
+    pass: ``(Quantized(q, S), qt or None)``.  ``state``: a DelayedScaling (its scale, and ``x``'s amax
+    into its history); None: current scaling."""
+    s = _delayed_scale(state, x) if state is not None else None
+    if transpose:
+        return Q.quantize_tensor_and_transpose(x, fmt, s)
+    if s is None:
+        return Q.quantize_tensor(x, fmt), None
+    return Q.Quantized(Q.quantize_tensor_with_scale(x, s, fmt), s), None
 
 
 def quantize_operand(x: torch.Tensor, role: str, fmt: str, granularity: str, scale=None, state=None) -> Q.Quantized:
@@ -97,9 +111,7 @@ def quantize_operand(x: torch.Tensor, role: str, fmt: str, granularity: str, sca
     if granularity == "tensor":
         if scale is not None:
             return Q.Quantized(Q.quantize_tensor_with_scale(x, scale, fmt), scale)
-        if state is not None:
-            return _delayed(state, x)
-        return Q.quantize_tensor(x, fmt)
+        return tensor_operand(x, fmt, state)[0]
     if granularity == "row":
         return Q.quantize_rowwise(x, fmt)
     return Q.quantize_1x128(x, fmt) if role == "a" else Q.quantize_128x128(x, fmt)
@@ -127,18 +139,22 @@ class FP8LinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, shape[-1])  # (T, in)
         g = recipe.granularity
         st = states or {}
-        qx = quantize_operand(x2, "a", recipe.fwd_fmt, g, state=st.get("x"))
-        qw = quantize_operand(weight, "b", recipe.fwd_fmt, g, state=st.get("w"))
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if g == "tensor":
+            # One S per tensor: X^T's and W^T's codes are the forward's codes transposed, exactly what
+            # quantizing the wide transposes with the same S gives, so one pass writes both (only the
+            # transposes the backward will use) and the backward keeps them (1 byte each).
+            qx, qxt = tensor_operand(x2, recipe.fwd_fmt, st.get("x"), transpose=need_dw)
+            qw, qwt = tensor_operand(weight, recipe.fwd_fmt, st.get("w"), transpose=need_dx)
+            ctx.save_for_backward(qxt, qwt, qx.s, qw.s)
+        else:
+            # Scales along rows or blocks: the backward quantizes X^T and W^T again along their own K.
+            qx = quantize_operand(x2, "a", recipe.fwd_fmt, g)
+            qw = quantize_operand(weight, "b", recipe.fwd_fmt, g)
+            ctx.save_for_backward(x2, weight, None, None)
         y = _gemm(qx, qw, g, _out_dtype(x.dtype))  # (T, out)
         if bias is not None:
             y = (y.float() + bias.float()).to(y.dtype)
-        if g == "tensor":
-            # One S per tensor: X^T's and W^T's codes are the forward's codes transposed, exactly what
-            # quantizing the wide transposes with the same S gives.  Keep the codes (1 byte each).
-            ctx.save_for_backward(qx.q, qw.q, qx.s, qw.s)
-        else:
-            # Scales along rows or blocks: the backward quantizes X^T and W^T again along their own K.
-            ctx.save_for_backward(x2, weight, None, None)
         ctx.recipe, ctx.states, ctx.shape, ctx.has_bias = recipe, states, shape, bias is not None
         ctx.dtypes = (x.dtype, weight.dtype)
         return y.reshape(*shape[:-1], weight.shape[0])
@@ -148,25 +164,24 @@ class FP8LinearFunction(torch.autograd.Function):
         x_saved, w_saved, sx, sw = ctx.saved_tensors
         r, g = ctx.recipe, ctx.recipe.granularity
         x_dtype, w_dtype = ctx.dtypes
-        st = ctx.states or {}
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()  # (T, out)
         dx = dw = db = None
-        qdy = quantize_operand(dy2, "a", r.grad_fmt, g, state=st.get("dy"))
-
-        def transposed(t, scale, role, fmt):
-            """The operand t^T: with per-tensor scales t holds codes, transposed as they are (same S,
-            same bits); otherwise t is the wide tensor, quantized again along its own K."""
-            if g == "tensor":
-                return Q.Quantized(t.t().contiguous(), scale)
-            return quantize_operand(t.t().contiguous(), role, fmt, g)
-
-        if ctx.needs_input_grad[0]:
-            qwt = transposed(w_saved, sw, "b", r.fwd_fmt)  # W^T (in, out)
-            dx = _gemm(qdy, qwt, g, _out_dtype(x_dtype)).reshape(ctx.shape)  # (T, in)
-        if ctx.needs_input_grad[1]:
-            qdyt = transposed(qdy.q if g == "tensor" else dy2, qdy.s, "a", r.grad_fmt)  # dY^T (out, T)
-            qxt = transposed(x_saved, sx, "b", r.fwd_fmt)  # X^T (in, T)
-            dw = _gemm(qdyt, qxt, g, _out_dtype(w_dtype))  # (out, in)
+        if g == "tensor":  # the saved tensors are the codes of X^T and W^T
+            qdy, qdyt = tensor_operand(dy2, r.grad_fmt, (ctx.states or {}).get("dy"), transpose=need_dw)
+            if need_dx:  # dX = dY (W^T)^T: B operand W^T (in, out)
+                dx = _gemm(qdy, Q.Quantized(w_saved, sw), g, _out_dtype(x_dtype)).reshape(ctx.shape)
+            if need_dw:  # dW = dY^T (X^T)^T: A operand dY^T (out, T), B operand X^T (in, T)
+                dw = _gemm(Q.Quantized(qdyt, qdy.s), Q.Quantized(x_saved, sx), g, _out_dtype(w_dtype))
+        else:  # each transposed operand quantized again from the wide original, along its own K
+            qdy = quantize_operand(dy2, "a", r.grad_fmt, g)
+            if need_dx:
+                qwt = quantize_operand(w_saved.t().contiguous(), "b", r.fwd_fmt, g)  # W^T (in, out)
+                dx = _gemm(qdy, qwt, g, _out_dtype(x_dtype)).reshape(ctx.shape)
+            if need_dw:
+                qdyt = quantize_operand(dy2.t().contiguous(), "a", r.grad_fmt, g)  # dY^T (out, T)
+                qxt = quantize_operand(x_saved.t().contiguous(), "b", r.fwd_fmt, g)  # X^T (in, T)
+                dw = _gemm(qdyt, qxt, g, _out_dtype(w_dtype))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0)  # fp32: a bf16 sum over thousands of tokens loses ~3 digits
         return dx, dw, db, None, None
@@ -416,5 +431,6 @@ __all__ = [
     "markov_source",
     "quantize_operand",
     "swap_linears",
+    "tensor_operand",
     "train_markov",
 ]

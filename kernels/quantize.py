@@ -2,7 +2,9 @@
 
 Chapter 2 and Lab 02 (quantizers).  Entry points: :func:`quantize`, :func:`quantize_tensor`,
 :func:`quantize_rowwise`, :func:`quantize_1x128`, :func:`quantize_128x128`, :func:`quantize_mxfp8`,
-:func:`dequantize`, :class:`DelayedScaling`, each kernel with its ``*_reference`` beside it.
+:func:`dequantize`, :class:`DelayedScaling`, each kernel with its ``*_reference`` beside it; and
+:func:`quantize_tensor_and_transpose`, the codes of a matrix and of its transpose in one pass (chapter 5's
+FP8 linear layer).
 
 The single implementation every later chapter imports (the FP8 GEMM reads what these write).
 
@@ -81,6 +83,7 @@ INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # a row (as many rows as it takes to fill the program when K is short).
 TENSOR_BLOCK, TENSOR_WARPS = 8192, 8  # per-tensor passes: elements per program
 FINALIZE_BLOCK = 1024  # the amax of the per-program partial maxima, in one program
+TRANSPOSE_TILE, TRANSPOSE_WARPS = 64, 4  # cast and transpose: (64, 64) tiles, read once, written twice
 ROW_MAX_ONE_PASS = 16384  # rows up to this many elements stay in registers: one read
 ROW_BLOCK_ELEMS, ROW_WARPS = 8192, 4  # rows per program = max(1, ROW_BLOCK_ELEMS // next_pow2(K))
 G128_GROUPS, G128_WARPS = 64, 8  # 1x128: 64 groups (8192 elements) per program
@@ -373,6 +376,68 @@ def quantize_tensor(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
     return Quantized(_cast(x, inv, fmt), s.clone())
 
 
+@triton.jit
+def _scale_cast_transpose_kernel(
+    x_ptr, inv_ptr, q_ptr, qt_ptr, M, K,
+    FP8_MAX: tl.constexpr, E5M2: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    # One (BM, BK) tile of x, read once, written twice: its codes in place and, transposed, at (k, m)
+    # of the (K, M) copy.  The compiler stages the transposed tile through shared memory so that both
+    # stores are coalesced.
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    offs_k = tl.program_id(1) * BK + tl.arange(0, BK)
+    mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
+    rows, cols = offs_m.to(tl.int64), offs_k.to(tl.int64)
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    q = _encode(_nan_if_not_finite(x), tl.load(inv_ptr), FP8_MAX, E5M2)  # (BM, BK)
+    tl.store(q_ptr + rows[:, None] * K + cols[None, :], q, mask=mask)
+    tl.store(qt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+
+
+def _cast_transpose(x: torch.Tensor, inv: torch.Tensor, fmt: str) -> tuple:
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=FP8_FORMATS[fmt], device=x.device)
+    qt = torch.empty((k, m), dtype=FP8_FORMATS[fmt], device=x.device)
+    if q.numel():
+        grid = (triton.cdiv(m, TRANSPOSE_TILE), triton.cdiv(k, TRANSPOSE_TILE))
+        _scale_cast_transpose_kernel[grid](
+            x, inv, q.view(torch.uint8), qt.view(torch.uint8), m, k, FP8_MAX=FP8_MAX[fmt], E5M2=fmt == "e5m2",
+            BM=TRANSPOSE_TILE, BK=TRANSPOSE_TILE, num_warps=TRANSPOSE_WARPS,
+        )  # fmt: skip
+    return q, qt
+
+
+def quantize_tensor_and_transpose(x: torch.Tensor, fmt: str = "e4m3", s: torch.Tensor | None = None) -> tuple:
+    """Per-tensor scaling of a matrix and of its transpose at once: ``(Quantized(q, S), qt)`` with
+    ``qt`` the ``(K, M)`` codes of ``x.T``, bit for bit ``q.T`` (one S for both, so the transposed
+    operand of a backward GEMM is the forward's codes, transposed).
+
+    One read of ``x`` for the codes and their transpose (plus the amax pass of :func:`quantize_tensor`
+    when ``s`` is None; with ``s``, a given reconstruction scale as in :func:`quantize_tensor_with_scale`,
+    none).  A transpose of the codes afterwards would read and write the codes once more."""
+    fmt = _check_fmt(fmt)
+    x = _check_input(x)
+    if x.dim() != 2:
+        raise ValueError(f"x must be a 2-D matrix (rows, K) to be transposed, got shape {tuple(x.shape)}")
+    if s is None:
+        _, s, inv = _tensor_amax_and_scale(x, fmt)
+        s = s.clone()
+    else:
+        _check_given_scale(s, x)
+        inv = _inverse_scale(s).reshape(1)
+    q, qt = _cast_transpose(x, inv, fmt)
+    return Quantized(q, s), qt
+
+
+def quantize_tensor_and_transpose_reference(x: torch.Tensor, fmt: str = "e4m3", s: torch.Tensor | None = None) -> tuple:
+    """Plain-torch :func:`quantize_tensor_and_transpose`: the per-tensor reference, its codes transposed."""
+    if s is None:
+        out = quantize_tensor_reference(x, fmt)
+    else:
+        out = Quantized(quantize_tensor_with_scale_reference(x, s, fmt), s)
+    return out, out.q.t().contiguous()
+
+
 def quantize_tensor_with_scale(x: torch.Tensor, s: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
     """The cast pass alone, with a given reconstruction scale S (one element, on ``x``'s device): what
     delayed scaling runs.  1/S is computed on the device as ``1 / S`` (fp32, correctly rounded).
@@ -383,11 +448,15 @@ def quantize_tensor_with_scale(x: torch.Tensor, s: torch.Tensor, fmt: str = "e4m
     sync on every call of a delayed-scaling step.)"""
     fmt = _check_fmt(fmt)
     x = _check_input(x)
+    _check_given_scale(s, x)
+    return _cast(x, _inverse_scale(s).reshape(1), fmt)
+
+
+def _check_given_scale(s, x: torch.Tensor) -> None:
     if not isinstance(s, torch.Tensor) or s.numel() != 1:
         raise ValueError(f"s must be a one-element tensor (the reconstruction scale S), got {s!r}")
     if s.device != x.device:
         raise ValueError(f"s is on {s.device} but x is on {x.device}: keep the scale on x's device")
-    return _cast(x, _inverse_scale(s).reshape(1), fmt)
 
 
 def _inverse_scale(s: torch.Tensor) -> torch.Tensor:
@@ -878,6 +947,8 @@ __all__ = [
     "quantize_rowwise",
     "quantize_rowwise_reference",
     "quantize_tensor",
+    "quantize_tensor_and_transpose",
+    "quantize_tensor_and_transpose_reference",
     "quantize_tensor_reference",
     "quantize_tensor_with_scale",
     "quantize_tensor_with_scale_reference",

@@ -205,6 +205,29 @@ def test_bad_arguments_name_themselves():
         Q.DelayedScaling(history_len=0)
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (130, 257), (64, 128), (1, 200)], ids=str)
+def test_codes_and_their_transpose_in_one_pass_equal_the_reference(shape):
+    for case, x in _adversarial(shape, torch.bfloat16).items():
+        for fmt in ("e4m3", "e5m2"):
+            for s in (None, torch.tensor(0.02, device=DEVICE)):  # current scaling, a given scale
+                name = f"{fmt} {shape} {case} {'given S' if s is not None else 'own S'}"
+                (q, sq), qt = Q.quantize_tensor_and_transpose(x, fmt, s)
+                (want, s_want), want_t = Q.quantize_tensor_and_transpose_reference(x, fmt, s)
+                _same(q, want, name + " codes", x.float().cpu())
+                _same(qt, want_t, name + " transposed codes")
+                _same(sq, s_want, name + " scale")
+                assert qt.shape == (shape[1], shape[0]) and qt.is_contiguous()
+
+
+def test_the_transposing_quantizer_refuses_what_it_cannot_transpose():
+    with pytest.raises(ValueError, match="x must be a 2-D matrix"):
+        Q.quantize_tensor_and_transpose(torch.randn(2, 3, 4, device=DEVICE))
+    with pytest.raises(ValueError, match="s must be a one-element tensor"):
+        Q.quantize_tensor_and_transpose(torch.randn(4, 4, device=DEVICE), s=torch.ones(2, device=DEVICE))
+    with pytest.raises(ValueError, match="fmt"):
+        Q.quantize_tensor_and_transpose(torch.randn(4, 4, device=DEVICE), "e3m4")
+
+
 def test_swizzled_mx_scales_follow_the_128x4_tiles():
     s = torch.arange(130 * 5, dtype=torch.int32).reshape(130, 5).to(torch.uint8)
     flat = Q.swizzle_mx_scales(s)
