@@ -40,9 +40,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels import fp8_ops as ops
 from kernels import quantize as Q
 from kernels.device import default_device
-from kernels.fp8_gemm import fp8_gemm, fp8_gemm_reference
+from kernels.fp8_gemm import fp8_gemm_reference
 
 GRANULARITIES = ("tensor", "row", "block")
 SCALINGS = ("current", "delayed")
@@ -85,9 +86,11 @@ def _delayed_scale(state: Q.DelayedScaling, x: torch.Tensor) -> torch.Tensor:
     """The scale of delayed scaling, with a cold start: while the history is empty (first step) the
     scale is the current one, so step 1 neither saturates activations nor flushes gradients to zero.
     Records ``x``'s amax in the history."""
-    amax = Q.tensor_amax(x)
-    current = Q.scale_from_amax(amax * 2.0**state.margin, state.fmt)
-    s = torch.where(state.amax_history.max() > 0, state.scale(), current)
+    amax, history = ops.tensor_amax(x), state.amax_history
+    # state.scale(), through the operator that keeps S's bits under torch.compile
+    past = history.max() if state.algo == "max" else history[0]
+    scales = ops.scale_from_amax(torch.stack([past, amax]) * 2.0**state.margin, state.fmt)
+    s = torch.where(history.max() > 0, scales[0], scales[1])
     state.update(amax)
     return s
 
@@ -98,10 +101,10 @@ def tensor_operand(x: torch.Tensor, fmt: str, state=None, transpose: bool = Fals
     into its history); None: current scaling."""
     s = _delayed_scale(state, x) if state is not None else None
     if transpose:
-        return Q.quantize_tensor_and_transpose(x, fmt, s)
+        return ops.quantize_tensor_and_transpose(x, fmt, s)
     if s is None:
-        return Q.quantize_tensor(x, fmt), None
-    return Q.Quantized(Q.quantize_tensor_with_scale(x, s, fmt), s), None
+        return ops.quantize_tensor(x, fmt), None
+    return Q.Quantized(ops.quantize_tensor_with_scale(x, s, fmt), s), None
 
 
 def quantize_operand(x: torch.Tensor, role: str, fmt: str, granularity: str, scale=None, state=None) -> Q.Quantized:
@@ -110,15 +113,15 @@ def quantize_operand(x: torch.Tensor, role: str, fmt: str, granularity: str, sca
     (the transposed copy of a tensor already quantized); ``state``: a DelayedScaling for its history."""
     if granularity == "tensor":
         if scale is not None:
-            return Q.Quantized(Q.quantize_tensor_with_scale(x, scale, fmt), scale)
+            return Q.Quantized(ops.quantize_tensor_with_scale(x, scale, fmt), scale)
         return tensor_operand(x, fmt, state)[0]
     if granularity == "row":
-        return Q.quantize_rowwise(x, fmt)
-    return Q.quantize_1x128(x, fmt) if role == "a" else Q.quantize_128x128(x, fmt)
+        return ops.quantize_groups(x, "row", fmt)
+    return ops.quantize_groups(x, "1x128" if role == "a" else "128x128", fmt)
 
 
 def _gemm(qa: Q.Quantized, qb: Q.Quantized, granularity: str, out_dtype) -> torch.Tensor:
-    return fp8_gemm(qa.q, qb.q, qa.s, qb.s, _GEMM_SCALING[granularity], out_dtype=out_dtype)
+    return ops.fp8_gemm(qa.q, qb.q, qa.s, qb.s, _GEMM_SCALING[granularity], out_dtype=out_dtype)
 
 
 def _out_dtype(dtype) -> torch.dtype:

@@ -892,8 +892,10 @@ class DelayedScaling:
         return scale_from_amax(a * 2.0**self.margin, self.fmt)
 
     def update(self, amax: torch.Tensor) -> None:
-        """Push an amax (a device tensor) into the history, dropping the oldest."""
-        self.amax_history = torch.cat([amax.reshape(1).to(self.amax_history), self.amax_history[:-1]])
+        """Push an amax (a device tensor) into the history, dropping the oldest.  In place: the history
+        stays one tensor, which ``torch.compile`` can update inside a graph (and CUDA graphs replay)."""
+        h = self.amax_history
+        h.copy_(torch.cat([amax.reshape(1).to(h), h[:-1]]))
 
     def quantize(self, x: torch.Tensor, reference: bool = False) -> Quantized:
         """Cast ``x`` with the scale from the history, then record its amax.  Returns ``(q, S)``."""
