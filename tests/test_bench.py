@@ -58,6 +58,24 @@ def test_measure_ratio_and_metric(monkeypatch):
         bench.measure("k", "8", "ms", 1.0, None, {})
 
 
+def test_quick_mode_takes_the_first_case_and_one_short_round(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench, "median_ms", lambda fn, *ms: calls.append(ms) or 1.0)
+    monkeypatch.setattr(bench, "QUICK", True)
+    assert bench.cases([(1, 2), (3, 4)]) == [(1, 2)]
+    bench.measure("k", "8", "GB/s", 1e9, None, {"base": None})
+    assert calls == [bench.QUICK_MS, bench.QUICK_MS], "one round of ours and the baseline, short"
+    monkeypatch.setattr(bench, "QUICK", False)
+    assert bench.cases(iter([(1, 2), (3, 4)])) == [(1, 2), (3, 4)]
+
+
+def test_quick_records_never_go_into_the_results(capsys):
+    for argv in (["bf16_cast", "--quick"], ["bf16_cast", "--quick", "--out", str(command.RESULTS / "x.json")]):
+        with pytest.raises(SystemExit):
+            command.main(argv)
+        assert "--quick: its records are not results" in capsys.readouterr().err
+
+
 def test_registry_rejects_duplicates():
     with pytest.raises(ValueError, match="registered twice"):
         bench.benchmark("bf16_cast")(lambda: [])
@@ -102,7 +120,8 @@ def test_every_benchmark_has_its_baselines_listed_here():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels on a GPU")
 @pytest.mark.parametrize("name", sorted(BASELINES))
 def test_benchmark_runs_on_a_gpu(tmp_path, name):
-    assert command.main([name, "--out", str(tmp_path / "r.json")]) == 0
+    assert command.main([name, "--quick", "--out", str(tmp_path / "r.json")]) == 0
     recs = json.loads((tmp_path / "r.json").read_text())
     assert {r["baseline_name"] for r in recs} == BASELINES[name]
     assert all(r["ours"] > 0 and r["device"] == torch.cuda.get_device_name() for r in recs)
+    assert all(r["quick"] for r in recs) and not bench.QUICK

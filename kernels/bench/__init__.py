@@ -29,6 +29,11 @@ TOOLS = ("command", "profiles")  # modules of this package that register no benc
 
 # Interleaving rounds: each round times every contender once; the median over rounds is reported.
 ROUNDS = 3
+# ``python -m kernels.bench --quick`` (the GPU lane's test of every benchmark): each benchmark's first case
+# only, one short round.  Its records show that the benchmark runs and checks its result; they are not
+# results (the command marks them and keeps them out of benchmarks/results/).
+QUICK = False
+QUICK_MS = (10, 40)  # warm-up and timed milliseconds of each contender in quick mode
 
 
 def benchmark(name: str):
@@ -57,6 +62,12 @@ def median_ms(fn, warmup_ms: int = 100, rep_ms: int = 500) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def cases(seq) -> list:
+    """What a benchmark loops over (shapes, widths): all of ``seq``, or only its first item in quick mode."""
+    seq = list(seq)
+    return seq[:1] if QUICK else seq
+
+
 def measure(bench: str, shape: str, metric: str, work: float, ours, baselines: dict) -> list:
     """Time ``ours`` against each baseline, interleaved over ``ROUNDS`` rounds.
 
@@ -68,9 +79,9 @@ def measure(bench: str, shape: str, metric: str, work: float, ours, baselines: d
     scale = 1e9 if metric == "GB/s" else 1e12
     contenders = {"ours": ours, **baselines}
     times = {k: [] for k in contenders}
-    for _ in range(ROUNDS):
+    for _ in range(1 if QUICK else ROUNDS):
         for k, fn in contenders.items():
-            times[k].append(median_ms(fn))
+            times[k].append(median_ms(fn, *QUICK_MS) if QUICK else median_ms(fn))
     rate = {k: work / (sorted(v)[len(v) // 2] * 1e-3) / scale for k, v in times.items()}
     return [
         {
@@ -150,10 +161,13 @@ def read_baseline(nbytes: int, sets: int = 1, device="cuda"):
 
 
 __all__ = [
+    "QUICK",
+    "QUICK_MS",
     "REGISTRY",
     "ROUNDS",
     "TOOLS",
     "benchmark",
+    "cases",
     "copy_baseline",
     "graphed",
     "load_all",

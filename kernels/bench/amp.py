@@ -3,7 +3,7 @@ mixed-precision RMSNorm forward and backward, against torch and a device copy.""
 
 import torch
 
-from kernels.bench import benchmark, copy_baseline, measure
+from kernels.bench import benchmark, cases, copy_baseline, measure
 
 # ~200 gradients, sizes spread over three decades like a transformer's (norm weights, biases, big
 # projection matrices), at least 1 GiB of fp32 in all: far beyond the 60 MB L2.
@@ -96,7 +96,7 @@ def _bench_amp_rmsnorm_fwd():
     from kernels import norms
 
     records, eps = [], 1e-6
-    for n in RMSNORM_WIDTHS:
+    for n in cases(RMSNORM_WIDTHS):
         m, x, w = _rms_inputs(n)
         y, _ = norms.rmsnorm_forward(x, w, eps)
         _check_rows(y, x, w, eps, f"amp_rmsnorm_fwd {m}x{n}")
@@ -128,7 +128,7 @@ def _bench_amp_rmsnorm_bwd():
     from kernels.testing import compare
 
     records, eps = [], 1e-6
-    for n in RMSNORM_WIDTHS:
+    for n in cases(RMSNORM_WIDTHS):
         m, x, w = _rms_inputs(n)
         dy = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
         _, rstd = norms.rmsnorm_forward(x, w, eps)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import ROOT
+from kernels import ROOT, bench
 from kernels.bench import REGISTRY, load_all
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -86,27 +86,36 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {sorted(REGISTRY)})")
     parser.add_argument("--out", type=Path, help="results file (default: benchmarks/results/<gpu>.json)")
+    parser.add_argument(
+        "--quick", action="store_true", help="first case of each benchmark, one short round: does it run? (needs --out)"
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(REGISTRY))
     if unknown:
         parser.error(f"names: unknown benchmark(s) {unknown}; known: {sorted(REGISTRY)}")
+    if args.quick and (args.out is None or args.out.resolve().is_relative_to(RESULTS.resolve())):
+        parser.error("--quick: its records are not results; give --out a file outside benchmarks/results/")
     import kernels
 
     if kernels.INTERPRETER or not torch.cuda.is_available():
         print("kernels.bench: needs a CUDA GPU (speed is not measured in CPU mode)", file=sys.stderr)
         return 2
-    env = environment()
+    env = environment() | ({"quick": True} if args.quick else {})
     warm_up()
     records = []
-    for name in args.names or sorted(REGISTRY):
-        for rec in REGISTRY[name]():
-            rec.update(env)
-            records.append(rec)
-            print(
-                f"{rec['bench']:<16} {rec['shape']:<14} ours {rec['ours']:>9.1f} {rec['metric']:<7} "
-                f"{rec['baseline_name']:<28} {rec['baseline']:>9.1f}  ratio {rec['ratio']:.3f}",
-                flush=True,
-            )
+    bench.QUICK = args.quick
+    try:
+        for name in args.names or sorted(REGISTRY):
+            for rec in REGISTRY[name]():
+                rec.update(env)
+                records.append(rec)
+                print(
+                    f"{rec['bench']:<16} {rec['shape']:<14} ours {rec['ours']:>9.1f} {rec['metric']:<7} "
+                    f"{rec['baseline_name']:<28} {rec['baseline']:>9.1f}  ratio {rec['ratio']:.3f}",
+                    flush=True,
+                )
+    finally:
+        bench.QUICK = False
     out = args.out or RESULTS / f"{gpu_slug(env['device'])}.json"
     merge(out, records)
     print(f"wrote {len(records)} records to {out}")

@@ -25,7 +25,7 @@ import itertools
 
 import torch
 
-from kernels.bench import benchmark, copy_baseline, graphed, measure, read_baseline
+from kernels.bench import benchmark, cases, copy_baseline, graphed, measure, read_baseline
 
 GEMM_SHAPES = ((1, 8192, 8192), (16, 8192, 8192))
 WEIGHT_SETS = 4  # 4 x 36 MB of FP4 weights (4 x 128 MB of bf16): beyond L2
@@ -45,7 +45,7 @@ def _bench_w4a16():
     from kernels.testing import compare
 
     records = []
-    for m, n, k in GEMM_SHAPES:
+    for m, n, k in cases(GEMM_SHAPES):
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(WEIGHT_SETS)]
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         for fmt in fp4.FORMATS:

@@ -9,7 +9,7 @@ reference (on a slice of rows) before it is timed.
 
 import torch
 
-from kernels.bench import benchmark, measure
+from kernels.bench import benchmark, cases, measure
 
 # (M, N, K): square sizes, a wide-N / short-K case, and an LLM projection (16384 tokens, K = 1024).
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 4096), (16384, 8192, 1024))
@@ -49,7 +49,7 @@ def _gemm_bench(name, scaling, cublas_scaling):
     from kernels import fp8_gemm as G
 
     records = []
-    for m, n, k in SHAPES:
+    for m, n, k in cases(SHAPES):
         x, w, qa, qb = operands(m, n, k, scaling)
         ours = lambda qa=qa, qb=qb: G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling)  # noqa: E731
         _check(name, ours(), qa, qb, scaling)

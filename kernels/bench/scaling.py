@@ -7,7 +7,7 @@ pass and cast pass each read it), the codes written (1 byte per element) and the
 
 import torch
 
-from kernels.bench import benchmark, copy_baseline, measure
+from kernels.bench import benchmark, cases, copy_baseline, measure
 
 SHAPES = ((16384, 8192), (32768, 16384))  # 256 MiB and 1 GiB of bf16: far beyond the 60 MB L2
 
@@ -23,7 +23,7 @@ def _run(name, granularity, reads, **kw):
     from kernels import quantize
 
     records = []
-    for m, k in SHAPES:
+    for m, k in cases(SHAPES):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 4
         x[torch.randint(0, m, (64,)), torch.randint(0, k, (64,))] = 300.0  # outliers: scales differ per group
         got = quantize.quantize(x, granularity, **kw)
