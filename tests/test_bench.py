@@ -1,6 +1,7 @@
 """kernels.bench and its command: the registry and the runner's bookkeeping (timing itself needs a GPU
 and runs there)."""
 
+import importlib.util
 import json
 
 import pytest
@@ -81,6 +82,11 @@ def test_registry_rejects_duplicates():
         bench.benchmark("bf16_cast")(lambda: [])
 
 
+# torchao's Float8Linear is a peer wherever torchao is importable (it is not a dependency of the book).
+TORCHAO = {
+    g: {f"torchao Float8Linear {name}, compiled"} if importlib.util.find_spec("torchao") else set()
+    for g, name in (("tensor", "tensorwise"), ("row", "rowwise"))
+}
 BASELINES = {
     "bf16_cast": {"torch .to(torch.bfloat16)", "device copy"},
     "fp8_encode": {"triton x.to(tl.float8e4nv)", "device copy"},
@@ -105,7 +111,10 @@ BASELINES = {
     "fp8_gemm_tensorwise": {"torch._scaled_mm tensorwise", "torch.matmul bf16"},
     "fp8_gemm_rowwise": {"torch._scaled_mm rowwise", "torch.matmul bf16"},
     "fp8_gemm_blockwise": {"torch._scaled_mm tensorwise", "torch._scaled_mm blockwise", "torch.matmul bf16"},
-    "fp8_linear": {"nn.Linear bf16"},
+    "fp8_linear": {"nn.Linear bf16", *TORCHAO["tensor"]},
+    "fp8_linear_rowwise": {"nn.Linear bf16", *TORCHAO["row"]},
+    "fp8_linear_compiled": {"nn.Linear bf16, compiled", *TORCHAO["tensor"]},
+    "fp8_linear_rowwise_compiled": {"nn.Linear bf16, compiled", *TORCHAO["row"]},
     "fp4_w4a16_gemm": {"torch.matmul bf16", "dequantize + torch.matmul", "tl.dot kernel", "read the weight bytes"},
     "fp4_quantize": {"device copy"},
     "fp4_quantize_given_scale": {"device copy"},
@@ -125,3 +134,5 @@ def test_benchmark_runs_on_a_gpu(tmp_path, name):
     assert {r["baseline_name"] for r in recs} == BASELINES[name]
     assert all(r["ours"] > 0 and r["device"] == torch.cuda.get_device_name() for r in recs)
     assert all(r["quick"] for r in recs) and not bench.QUICK
+    if name.startswith("fp8_linear") and not importlib.util.find_spec("torchao"):
+        assert all("torchao is not importable" in r["absent"] for r in recs), "the record says the peer was absent"

@@ -2,7 +2,9 @@
 
 FLOPs counted per call: ``2 * M * N * K`` for a GEMM (scales and quantization are not counted: the
 operands arrive quantized, as in a layer whose quantization is fused upstream); ``3 * 2 * T * in * out``
-for a linear layer's forward + backward (Y, dX, dW), whose timed call *includes* every quantization.
+for a linear layer's forward + backward (Y, dX, dW), whose timed call *includes* every quantization and
+the host's launches.  torchao's Float8Linear is timed beside ours whenever torchao is importable; where it
+is not, the records say so (``absent``).
 Operands are random bf16 data quantized once before timing; every result is checked against the float64
 reference (on a slice of rows) before it is timed.
 """
@@ -13,7 +15,10 @@ from kernels.bench import benchmark, cases, measure
 
 # (M, N, K): square sizes, a wide-N / short-K case, and an LLM projection (16384 tokens, K = 1024).
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 4096), (16384, 8192, 1024))
-LINEAR = (8192, 8192, 8192)  # tokens, in_features, out_features
+# tokens x in_features x out_features: square sizes from where the host path dominates to where the GEMMs
+# do, and an LLM MLP's up and down projections (16384 tokens, 4096 <-> 14336).
+LINEAR_SHAPES = ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096))
+TORCHAO = {"tensor": "tensorwise", "row": "rowwise"}  # torchao's recipe names
 CHECK_ROWS = 256
 WISE = {"tensor": "tensorwise", "row": "rowwise", "block": "blockwise"}
 
@@ -91,44 +96,93 @@ def _bench_blockwise():
     return _gemm_bench("fp8_gemm_blockwise", "block", "tensor")
 
 
-@benchmark("fp8_linear")
-def _bench_linear():
-    """FP8Linear forward + backward (quantizations included) vs bf16 nn.Linear, same weights and data."""
-    from kernels.fp8_linear import BF16_TOLERANCE, FP8Linear
+def torchao_float8(weight: torch.nn.Parameter, granularity: str):
+    """torchao's Float8Linear over ``weight`` (shared, not copied), with its recipe of the same scaling
+    granularity (tensorwise; rowwise, whose gradients are e4m3 with power-of-two scales), compiled as
+    torchao asks; None where torchao is not importable (it is not a dependency of the book)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        return None
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = weight
+    config = Float8LinearConfig.from_recipe_name(TORCHAO[granularity])
+    return torch.compile(convert_to_float8_training(torch.nn.Sequential(linear), config=config))
+
+
+def _linear_bench(name: str, granularity: str, compiled: bool) -> list:
+    from kernels.fp8_linear import BF16_TOLERANCE, FP8Linear, FP8Recipe
     from kernels.testing import frobenius_error
 
-    t, i, o = LINEAR
-    ref = torch.nn.Linear(i, o, bias=False, device="cuda", dtype=torch.bfloat16)
-    fp8 = FP8Linear.from_linear(ref)
-    x = torch.randn(t, i, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(t, o, device="cuda", dtype=torch.bfloat16) * 1e-3
+    records = []
+    for t, i, o in cases(LINEAR_SHAPES):
+        torch._dynamo.reset()  # a fresh compilation per shape (no dynamic-shape recompiles)
+        ref = torch.nn.Linear(i, o, bias=False, device="cuda", dtype=torch.bfloat16)
+        fp8 = FP8Linear.from_linear(ref, FP8Recipe(granularity=granularity))
+        ours, bf16 = (torch.compile(fp8), torch.compile(ref)) if compiled else (fp8, ref)
+        x = torch.randn(t, i, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(t, o, device="cuda", dtype=torch.bfloat16) * 1e-3
 
-    def step(layer):
-        x.grad = None
-        layer.weight.grad = None
-        layer(x).backward(dy)
+        def step(layer, x=x, dy=dy, weight=ref.weight):
+            x.grad = None
+            weight.grad = None
+            layer(x).backward(dy)
 
-    step(fp8)
-    got = (x.grad.clone(), fp8.weight.grad.clone())
-    step(ref)
-    for name, g, r in zip(("dx", "dw"), got, (x.grad, ref.weight.grad), strict=True):
-        err = frobenius_error(g, r)
-        if err > BF16_TOLERANCE[name]:
-            raise AssertionError(f"fp8_linear: {name} is {err:.3f} from bf16; not timing a wrong layer")
-    return measure(
-        "fp8_linear",
-        f"{t}x{i}x{o}",
-        "TFLOP/s",
-        3 * 2.0 * t * i * o,
-        lambda: step(fp8),
-        {"nn.Linear bf16": lambda: step(ref)},
-    )
+        step(ours)
+        got = (x.grad.clone(), ref.weight.grad.clone())
+        step(ref)
+        for what, g, r in zip(("dx", "dw"), got, (x.grad, ref.weight.grad), strict=True):
+            err = frobenius_error(g, r)
+            if err > BF16_TOLERANCE[what]:
+                raise AssertionError(f"{name}: {what} is {err:.3f} from bf16; not timing a wrong layer")
+        del got
+        baselines = {"nn.Linear bf16" + (", compiled" if compiled else ""): lambda bf16=bf16: step(bf16)}
+        peer = f"torchao Float8Linear {TORCHAO[granularity]}, compiled"
+        ao = torchao_float8(ref.weight, granularity)
+        if ao is not None:
+            baselines[peer] = lambda ao=ao: step(ao)
+        recs = measure(name, f"{t}x{i}x{o}", "TFLOP/s", 3 * 2.0 * t * i * o, lambda ours=ours: step(ours), baselines)
+        for r in recs if ao is None else ():
+            r["absent"] = f"{peer}: torchao is not importable here"
+        records += recs
+        del ref, fp8, ours, bf16, x, dy, ao
+        torch.cuda.empty_cache()
+    return records
+
+
+@benchmark("fp8_linear")
+def _bench_linear():
+    """FP8Linear forward + backward (quantizations included), tensorwise, eager, vs bf16 nn.Linear and
+    torchao's compiled Float8Linear, same weights and data, from 2048^3 (the host path's share is
+    largest) to an LLM MLP's projections."""
+    return _linear_bench("fp8_linear", "tensor", compiled=False)
+
+
+@benchmark("fp8_linear_rowwise")
+def _bench_linear_rowwise():
+    """:func:`_bench_linear` with per-row scales."""
+    return _linear_bench("fp8_linear_rowwise", "row", compiled=False)
+
+
+@benchmark("fp8_linear_compiled")
+def _bench_linear_compiled():
+    """``torch.compile(FP8Linear)`` (tensorwise; its kernels are operators, :mod:`kernels.fp8_ops`) vs
+    ``torch.compile(nn.Linear)`` in bf16 and torchao's compiled Float8Linear."""
+    return _linear_bench("fp8_linear_compiled", "tensor", compiled=True)
+
+
+@benchmark("fp8_linear_rowwise_compiled")
+def _bench_linear_rowwise_compiled():
+    """:func:`_bench_linear_compiled` with per-row scales."""
+    return _linear_bench("fp8_linear_rowwise_compiled", "row", compiled=True)
 
 
 __all__ = [
     "CHECK_ROWS",
-    "LINEAR",
+    "LINEAR_SHAPES",
     "SHAPES",
+    "TORCHAO",
     "WISE",
     "operands",
+    "torchao_float8",
 ]
