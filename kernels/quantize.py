@@ -122,6 +122,13 @@ def _check_input(x, name: str = "x", min_dim: int = 0) -> torch.Tensor:
     return x.contiguous()
 
 
+def _check_matrix(x) -> torch.Tensor:
+    x = _check_input(x)
+    if x.dim() != 2:
+        raise ValueError(f"x must be a 2-D matrix (rows, K) to be transposed, got shape {tuple(x.shape)}")
+    return x
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """(..., K) -> (M, K), M the product of the leading dimensions."""
     return x.reshape(-1, x.shape[-1])
@@ -383,9 +390,10 @@ def _scale_cast_transpose_kernel(
 ):  # fmt: skip
     # One (BM, BK) tile of x, read once, written twice: its codes in place and, transposed, at (k, m)
     # of the (K, M) copy.  The compiler stages the transposed tile through shared memory so that both
-    # stores are coalesced.
-    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
-    offs_k = tl.program_id(1) * BK + tl.arange(0, BK)
+    # stores are coalesced.  A 1-D grid, tile rows outermost (a 2-D grid's second extent stops at 65535).
+    tiles_k = tl.cdiv(K, BK)
+    offs_m = (tl.program_id(0) // tiles_k) * BM + tl.arange(0, BM)
+    offs_k = (tl.program_id(0) % tiles_k) * BK + tl.arange(0, BK)
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     rows, cols = offs_m.to(tl.int64), offs_k.to(tl.int64)
     x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -399,7 +407,7 @@ def _cast_transpose(x: torch.Tensor, inv: torch.Tensor, fmt: str) -> tuple:
     q = torch.empty((m, k), dtype=FP8_FORMATS[fmt], device=x.device)
     qt = torch.empty((k, m), dtype=FP8_FORMATS[fmt], device=x.device)
     if q.numel():
-        grid = (triton.cdiv(m, TRANSPOSE_TILE), triton.cdiv(k, TRANSPOSE_TILE))
+        grid = (triton.cdiv(m, TRANSPOSE_TILE) * triton.cdiv(k, TRANSPOSE_TILE),)
         _scale_cast_transpose_kernel[grid](
             x, inv, q.view(torch.uint8), qt.view(torch.uint8), m, k, FP8_MAX=FP8_MAX[fmt], E5M2=fmt == "e5m2",
             BM=TRANSPOSE_TILE, BK=TRANSPOSE_TILE, num_warps=TRANSPOSE_WARPS,
@@ -416,9 +424,7 @@ def quantize_tensor_and_transpose(x: torch.Tensor, fmt: str = "e4m3", s: torch.T
     when ``s`` is None; with ``s``, a given reconstruction scale as in :func:`quantize_tensor_with_scale`,
     none).  A transpose of the codes afterwards would read and write the codes once more."""
     fmt = _check_fmt(fmt)
-    x = _check_input(x)
-    if x.dim() != 2:
-        raise ValueError(f"x must be a 2-D matrix (rows, K) to be transposed, got shape {tuple(x.shape)}")
+    x = _check_matrix(x)
     if s is None:
         _, s, inv = _tensor_amax_and_scale(x, fmt)
         s = s.clone()
@@ -431,6 +437,7 @@ def quantize_tensor_and_transpose(x: torch.Tensor, fmt: str = "e4m3", s: torch.T
 
 def quantize_tensor_and_transpose_reference(x: torch.Tensor, fmt: str = "e4m3", s: torch.Tensor | None = None) -> tuple:
     """Plain-torch :func:`quantize_tensor_and_transpose`: the per-tensor reference, its codes transposed."""
+    x = _check_matrix(x)
     if s is None:
         out = quantize_tensor_reference(x, fmt)
     else:
