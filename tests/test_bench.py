@@ -134,5 +134,7 @@ def test_benchmark_runs_on_a_gpu(tmp_path, name):
     assert {r["baseline_name"] for r in recs} == BASELINES[name]
     assert all(r["ours"] > 0 and r["device"] == torch.cuda.get_device_name() for r in recs)
     assert all(r["quick"] for r in recs) and not bench.QUICK
+    if name.startswith("fp8_linear"):
+        assert all(r["host_us"] > 0 for r in recs), "the layer's records give its host time per step"
     if name.startswith("fp8_linear") and not importlib.util.find_spec("torchao"):
         assert all("torchao is not importable" in r["absent"] for r in recs), "the record says the peer was absent"

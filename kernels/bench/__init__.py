@@ -97,6 +97,22 @@ def measure(bench: str, shape: str, metric: str, work: float, ours, baselines: d
     ]
 
 
+def host_us(fn, calls: int = 20) -> float:
+    """Microseconds of host time per call of ``fn``: ``calls`` calls enqueued back to back, timed before
+    the GPU is waited for.  What a user who does not capture a CUDA graph pays on the CPU per call; when
+    it exceeds the GPU time, the GPU waits for the host (the call is host-bound)."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def graphed(fn, calls: int = 8):
     """``fn`` called ``calls`` times, captured once in a CUDA graph; returns the replay.
 
@@ -170,6 +186,7 @@ __all__ = [
     "cases",
     "copy_baseline",
     "graphed",
+    "host_us",
     "load_all",
     "measure",
     "median_ms",

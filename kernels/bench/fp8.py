@@ -4,14 +4,16 @@ FLOPs counted per call: ``2 * M * N * K`` for a GEMM (scales and quantization ar
 operands arrive quantized, as in a layer whose quantization is fused upstream); ``3 * 2 * T * in * out``
 for a linear layer's forward + backward (Y, dX, dW), whose timed call *includes* every quantization and
 the host's launches.  torchao's Float8Linear is timed beside ours whenever torchao is importable; where it
-is not, the records say so (``absent``).
+is not, the records say so (``absent``).  The linear layer's records also give our step's host time
+(``host_us``, :func:`kernels.bench.host_us`): where it exceeds the step's time on the GPU, the layer is
+bound by its launches.
 Operands are random bf16 data quantized once before timing; every result is checked against the float64
 reference (on a slice of rows) before it is timed.
 """
 
 import torch
 
-from kernels.bench import benchmark, cases, measure
+from kernels.bench import benchmark, cases, host_us, measure
 
 # (M, N, K): square sizes, a wide-N / short-K case, and an LLM projection (16384 tokens, K = 1024).
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 4096), (16384, 8192, 1024))
@@ -142,8 +144,11 @@ def _linear_bench(name: str, granularity: str, compiled: bool) -> list:
         if ao is not None:
             baselines[peer] = lambda ao=ao: step(ao)
         recs = measure(name, f"{t}x{i}x{o}", "TFLOP/s", 3 * 2.0 * t * i * o, lambda ours=ours: step(ours), baselines)
-        for r in recs if ao is None else ():
-            r["absent"] = f"{peer}: torchao is not importable here"
+        host = round(host_us(lambda ours=ours: step(ours)), 1)  # the step's launches, on the CPU
+        for r in recs:
+            r["host_us"] = host
+            if ao is None:
+                r["absent"] = f"{peer}: torchao is not importable here"
         records += recs
         del ref, fp8, ours, bf16, x, dy, ao
         torch.cuda.empty_cache()
