@@ -59,7 +59,8 @@ class _MLP(torch.nn.Module):
         self.down = L.FP8Linear(256, 128, bias=False, device=DEVICE, dtype=torch.bfloat16, recipe=recipe)
 
     def forward(self, x):
-        return self.down(torch.nn.functional.gelu(self.up(x)))
+        # ReLU: exact in any order of evaluation, so that eager and compiled code agree around the layers
+        return self.down(torch.relu(self.up(x)))
 
 
 def _step(model, x):
@@ -81,7 +82,7 @@ def test_a_compiled_model_is_one_graph_with_the_eager_bits(recipe):
     assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
     compiled = torch.compile(twin, fullgraph=True)
     # Inductor's fused code skips the rounding of bf16 intermediates (here the biased output before the
-    # GELU) unless asked to round where eager mode does; the operators' own bits never depend on it.
+    # ReLU) unless asked to round where eager mode does; the operators' own bits never depend on it.
     emulate = torch._inductor.config.patch(emulate_precision_casts=True)
     for step in range(3):  # delayed scaling: the histories fill and the scales move
         x = torch.randn(32, 128, device=DEVICE, dtype=torch.bfloat16) * (1 + 4 * step)
@@ -90,7 +91,10 @@ def test_a_compiled_model_is_one_graph_with_the_eager_bits(recipe):
         y, grads = _step(eager, x)
         assert torch.equal(y, y_c), f"step {step}: the compiled output differs from eager"
         for (name, _), g, g_c in zip(eager.named_parameters(), grads, grads_c, strict=True):
-            assert torch.equal(g, g_c), f"step {step}: the compiled gradient of {name} differs from eager"
+            if name.endswith("bias"):  # an fp32 sum over tokens, which the compiler may order its own way
+                torch.testing.assert_close(g_c, g, rtol=1e-5, atol=1e-5 * g.abs().max().item())
+            else:  # the FP8 GEMMs' results: the operators' bits
+                assert torch.equal(g, g_c), f"step {step}: the compiled gradient of {name} differs from eager"
     for a, b in zip(eager.modules(), twin.modules(), strict=True):
         for role, h in (a.amax_histories() if isinstance(a, L.FP8Linear) else {}).items():
             assert torch.equal(h, b.amax_histories()[role]), f"amax history {role}"
