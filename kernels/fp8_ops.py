@@ -1,9 +1,9 @@
 """The FP8 kernels that :class:`kernels.fp8_linear.FP8Linear` launches, as PyTorch operators, so that
 ``torch.compile`` traces a model with FP8 layers in one graph.
 
-Chapter 5.  Entry points: the functions below, each with the signature of the kernel it stands for
-(:func:`kernels.quantize.quantize_tensor` and the others, :func:`kernels.fp8_gemm.fp8_gemm`), on 2-D
-operands.
+Chapter 5 and Lab 05 (FP8 GEMM), wherever their FP8Linear is compiled.  Entry points: the functions
+below, each with the signature of the kernel it stands for (:func:`kernels.quantize.quantize_tensor` and
+the others, :func:`kernels.fp8_gemm.fp8_gemm`), on 2-D operands.
 
 Dynamo cannot follow a Triton launch made the way the package makes them: the launcher asks the device
 for its properties, tests pointers' alignment and hands Triton an allocator, and each of those breaks
