@@ -102,12 +102,12 @@ def _(amax, fmt):
     return amax.new_empty(amax.shape, dtype=torch.float32)
 
 
-_GROUPED = {"row": Q.quantize_rowwise, "1x128": Q.quantize_1x128, "128x128": Q.quantize_128x128}
+GROUPED = ("row", "1x128", "128x128")  # the granularities of kernels.quantize.quantize that quantize_groups takes
 
 
 @torch.library.custom_op(f"{NAMESPACE}::quantize_groups", mutates_args=())
 def _quantize_groups_op(x: torch.Tensor, granularity: str, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return tuple(_GROUPED[granularity](x, fmt))
+    return tuple(Q.quantize(x, granularity, fmt))
 
 
 @_quantize_groups_op.register_fake
@@ -181,11 +181,11 @@ def scale_from_amax(amax: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
 def quantize_groups(x: torch.Tensor, granularity: str, fmt: str = "e4m3") -> Q.Quantized:
     """:func:`kernels.quantize.quantize_rowwise`, ``quantize_1x128`` or ``quantize_128x128`` by
     ``granularity`` ("row", "1x128", "128x128"), on a 2-D ``x``."""
-    if granularity not in _GROUPED:
-        raise ValueError(f"granularity must be one of {list(_GROUPED)}, got {granularity!r}")
+    if granularity not in GROUPED:
+        raise ValueError(f"granularity must be one of {list(GROUPED)}, got {granularity!r}")
     if _compiling():
         return Q.Quantized(*_quantize_groups_op(x, granularity, fmt))
-    return _GROUPED[granularity](x, fmt)
+    return Q.quantize(x, granularity, fmt)
 
 
 def fp8_gemm(a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.bfloat16) -> torch.Tensor:
@@ -196,6 +196,7 @@ def fp8_gemm(a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.bf
 
 
 __all__ = [
+    "GROUPED",
     "NAMESPACE",
     "fp8_gemm",
     "quantize_groups",
