@@ -52,6 +52,7 @@ import triton.language as tl
 
 import kernels
 from kernels.device import check_device, sm_facts
+from kernels.launch import Launcher, scratch, spec_key
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -94,9 +95,9 @@ CPU_PROGRAMS = 4  # "SMs" of the persistent kernel in CPU mode
 def _upcast() -> bool:
     """True where FP8 tiles are widened to bf16 before ``tl.dot`` (a GPU without FP8 tensor cores).  CPU
     mode keeps them FP8: its ``tl.dot`` accumulates as Hopper's FP8 tensor cores do."""
-    from kernels.device import capabilities
+    from kernels.device import cuda_capabilities
 
-    return capabilities().fp8 == "emulated"
+    return not kernels.INTERPRETER and cuda_capabilities(torch.cuda.current_device()).fp8 == "emulated"
 
 
 def fp8_path() -> str:
@@ -148,6 +149,8 @@ def _check_scale(s, name: str, want: tuple, scaling: str, device) -> torch.Tenso
         raise ValueError(f"{name} has shape {tuple(s.shape)}, but {scaling!r} scaling needs {want}")
     if s.device != device:
         raise ValueError(f"{name} is on {s.device} but the operands are on {device}")
+    if s.numel() == 1:  # one scale: the kernels read its one element, whatever its shape
+        return s
     return s.reshape(want).contiguous()
 
 
@@ -370,8 +373,8 @@ _fp8_gemm_persistent_tuned = triton.autotune(configs=PERSISTENT_CONFIGS, key=["M
 )
 
 
-def _scratch(size: int, alignment: int, stream):
-    return torch.empty(size, device="cuda", dtype=torch.int8)
+_LAUNCH_PERSISTENT = Launcher(_fp8_gemm_persistent_tuned)  # tuned once per shape, then launched directly
+_LAUNCH_GROUPED = Launcher(_fp8_gemm_tuned)
 
 
 def _tma_allocator() -> None:
@@ -380,7 +383,7 @@ def _tma_allocator() -> None:
     Set before every launch, not once: Triton keeps the allocator per thread (a context variable), and
     autograd runs a layer's backward on a thread of its own."""
     if not kernels.INTERPRETER:
-        triton.set_allocator(_scratch)
+        triton.set_allocator(scratch)
 
 
 def tma_ok(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
@@ -435,7 +438,7 @@ def fp8_gemm(
         if kernels.INTERPRETER:
             _fp8_gemm_persistent_kernel[grid(CPU_CONFIG)](*args, **meta, **CPU_PERSISTENT_CONFIG)
         else:
-            _fp8_gemm_persistent_tuned[grid](*args, **meta)
+            _LAUNCH_PERSISTENT(grid, args, (spec_key(*args), scaling, meta["UPCAST"], sms), **meta)
         return c
 
     def grid(cfg):
@@ -444,7 +447,7 @@ def fp8_gemm(
     if kernels.INTERPRETER:
         _fp8_gemm_kernel[grid(CPU_CONFIG)](*args, **meta, **CPU_CONFIG)
     else:
-        _fp8_gemm_tuned[grid](*args, **meta)
+        _LAUNCH_GROUPED(grid, args, (spec_key(*args), scaling, meta["UPCAST"]), **meta)
     return c
 
 

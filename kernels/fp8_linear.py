@@ -120,6 +120,16 @@ def quantize_operand(x: torch.Tensor, role: str, fmt: str, granularity: str, sca
     return ops.quantize_groups(x, "1x128" if role == "a" else "128x128", fmt)
 
 
+def transposed_operand(x: torch.Tensor, role: str, fmt: str, granularity: str) -> Q.Quantized:
+    """:func:`quantize_operand` of ``x.T`` from the wide ``x`` ``(rows, K)``.  Per row, the scales of
+    ``x.T``'s rows are ``x``'s column maxima, and one pass writes the codes transposed
+    (:func:`kernels.quantize.quantize_columns_transposed`) instead of transposing ``x`` in its wide
+    format first; per block, ``x.T`` is materialized and quantized."""
+    if granularity == "row":
+        return ops.quantize_columns_transposed(x, fmt)
+    return quantize_operand(x.t().contiguous(), role, fmt, granularity)
+
+
 def _gemm(qa: Q.Quantized, qb: Q.Quantized, granularity: str, out_dtype) -> torch.Tensor:
     return ops.fp8_gemm(qa.q, qb.q, qa.s, qb.s, _GEMM_SCALING[granularity], out_dtype=out_dtype)
 
@@ -179,11 +189,11 @@ class FP8LinearFunction(torch.autograd.Function):
         else:  # each transposed operand quantized again from the wide original, along its own K
             qdy = quantize_operand(dy2, "a", r.grad_fmt, g)
             if need_dx:
-                qwt = quantize_operand(w_saved.t().contiguous(), "b", r.fwd_fmt, g)  # W^T (in, out)
+                qwt = transposed_operand(w_saved, "b", r.fwd_fmt, g)  # W^T (in, out)
                 dx = _gemm(qdy, qwt, g, _out_dtype(x_dtype)).reshape(ctx.shape)
             if need_dw:
-                qdyt = quantize_operand(dy2.t().contiguous(), "a", r.grad_fmt, g)  # dY^T (out, T)
-                qxt = quantize_operand(x_saved.t().contiguous(), "b", r.fwd_fmt, g)  # X^T (in, T)
+                qdyt = transposed_operand(dy2, "a", r.grad_fmt, g)  # dY^T (out, T)
+                qxt = transposed_operand(x_saved, "b", r.fwd_fmt, g)  # X^T (in, T)
                 dw = _gemm(qdyt, qxt, g, _out_dtype(w_dtype))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0)  # fp32: a bf16 sum over thousands of tokens loses ~3 digits
@@ -277,15 +287,29 @@ class FP8Linear(torch.nn.Linear):
         return f"{super().extra_repr()}, granularity={r.granularity}, scaling={r.scaling}"
 
 
-def swap_linears(module: torch.nn.Module, recipe=None, skip=lambda name, m: False) -> torch.nn.Module:
+# Below this width (in_features or out_features) a layer's FP8 step does not repay its casts and its
+# launches: on the H200, with as many tokens as features, FP8Linear's step takes 0.67x bf16's time at
+# 4096 x 4096 x 4096 and 1.7x at 8192^3; an LLM MLP projection (16384 tokens, 4096 <-> 14336) gains
+# 1.6x (benchmarks/results, fp8_linear).  swap_linears keeps narrower layers in bf16 unless told not to.
+MIN_FEATURES = 4096
+
+
+def swap_linears(
+    module: torch.nn.Module, recipe=None, skip=lambda name, m: False, min_features: int = MIN_FEATURES
+) -> torch.nn.Module:
     """Replace every eligible ``nn.Linear`` in ``module`` (in place) by an :class:`FP8Linear` sharing its
-    parameters; layers whose sizes are not multiples of 16, and those ``skip(name, layer)`` names,
-    stay in bf16.  Returns ``module``."""
+    parameters.  Layers stay in bf16 when their sizes are not multiples of 16, when ``skip(name,
+    layer)`` names them, and when ``in_features`` or ``out_features`` is below ``min_features``
+    (:data:`MIN_FEATURES` by default: where FP8 does not pay; ``min_features=0`` swaps every aligned
+    layer, to study FP8's numerics on a small model).  Returns ``module``."""
+    if not isinstance(min_features, int) or min_features < 0:
+        raise ValueError(f"min_features must be a non-negative int, got {min_features!r}")
     for name, child in list(module.named_modules()):
         for attr, sub in list(child.named_children()):
             full = f"{name}.{attr}" if name else attr
             if type(sub) is torch.nn.Linear and not skip(full, sub):
-                if sub.in_features % ALIGN == 0 and sub.out_features % ALIGN == 0:
+                aligned = sub.in_features % ALIGN == 0 and sub.out_features % ALIGN == 0
+                if aligned and min(sub.in_features, sub.out_features) >= min_features:
                     setattr(child, attr, FP8Linear.from_linear(sub, recipe))
     return module
 
@@ -380,7 +404,7 @@ class MarkovLM(torch.nn.Module):
         self.norm_out = torch.nn.RMSNorm(dim, device=device)
         self.head = torch.nn.Linear(dim, vocab, device=device, dtype=dtype)
         if fp8_recipe is not None:  # only the blocks' GEMMs: embeddings, input projection and head stay wide
-            swap_linears(self, fp8_recipe, skip=lambda name, m: name in ("proj", "head"))
+            swap_linears(self, fp8_recipe, skip=lambda name, m: name in ("proj", "head"), min_features=0)
 
     def forward(self, idx):
         h = self.proj((self.embed(idx) + self.pos).flatten(1))  # (B, dim)
@@ -400,7 +424,7 @@ def train_markov(
     torch.manual_seed(seed)
     model = MarkovLM(probs.shape[1], context, dim, depth, None, device=device)
     if fp8_recipe is not None:
-        swap_linears(model, fp8_recipe, skip=lambda name, m: name in ("proj", "head"))
+        swap_linears(model, fp8_recipe, skip=lambda name, m: name in ("proj", "head"), min_features=0)
     # fp32 master copies and optimizer state: AdamW over fp32 params, bf16 copies for compute.
     master = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
     opt = torch.optim.AdamW(master, lr=lr, weight_decay=0.0)
@@ -427,6 +451,7 @@ __all__ = [
     "FP8Linear",
     "FP8LinearFunction",
     "FP8Recipe",
+    "MIN_FEATURES",
     "MarkovLM",
     "fp8_linear",
     "fp8_linear_reference",
@@ -435,5 +460,6 @@ __all__ = [
     "quantize_operand",
     "swap_linears",
     "tensor_operand",
+    "transposed_operand",
     "train_markov",
 ]

@@ -34,9 +34,19 @@ def _fp8(fmt: str) -> torch.dtype:
 # -- the operators: real implementations (the kernels) and fake ones (shapes only) ---------------------
 
 
+def _current(x: torch.Tensor, fmt: str, transpose: bool = False) -> tuple:
+    """Per-tensor current scaling, a matrix in one launch (amax, S and codes; with ``transpose`` the
+    codes of ``x.T`` too): ``(Quantized(q, S), qt or None)``."""
+    if x.dim() == 2:
+        return Q.quantize_tensor_fused(x, fmt, transpose)
+    if transpose:
+        return Q.quantize_tensor_and_transpose(x, fmt)  # names what is wrong with x
+    return Q.quantize_tensor(x, fmt), None
+
+
 @torch.library.custom_op(f"{NAMESPACE}::quantize_tensor", mutates_args=())
 def _quantize_tensor_op(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return tuple(Q.quantize_tensor(x, fmt))
+    return tuple(_current(x, fmt)[0])
 
 
 @_quantize_tensor_op.register_fake
@@ -56,7 +66,7 @@ def _(x, s, fmt):
 
 @torch.library.custom_op(f"{NAMESPACE}::quantize_tensor_and_transpose", mutates_args=())
 def _quantize_tensor_and_transpose_op(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    (q, s), qt = Q.quantize_tensor_and_transpose(x, fmt)
+    (q, s), qt = _current(x, fmt, transpose=True)
     return q, s, qt
 
 
@@ -122,6 +132,17 @@ def _(x, granularity, fmt):
     return x.new_empty((m, k), dtype=_fp8(fmt)), x.new_empty(shape, dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::quantize_columns_transposed", mutates_args=())
+def _quantize_columns_transposed_op(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(Q.quantize_columns_transposed(x, fmt))
+
+
+@_quantize_columns_transposed_op.register_fake
+def _(x, fmt):
+    m, k = x.shape
+    return x.new_empty((k, m), dtype=_fp8(fmt)), x.new_empty((k, 1), dtype=torch.float32)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::fp8_gemm", mutates_args=())
 def _fp8_gemm_op(
     a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, scaling: str, out_dtype: torch.dtype
@@ -145,7 +166,7 @@ def quantize_tensor(x: torch.Tensor, fmt: str = "e4m3") -> Q.Quantized:
     """:func:`kernels.quantize.quantize_tensor`."""
     if _compiling():
         return Q.Quantized(*_quantize_tensor_op(x, fmt))
-    return Q.quantize_tensor(x, fmt)
+    return _current(x, fmt)[0]
 
 
 def quantize_tensor_with_scale(x: torch.Tensor, s: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
@@ -158,7 +179,7 @@ def quantize_tensor_with_scale(x: torch.Tensor, s: torch.Tensor, fmt: str = "e4m
 def quantize_tensor_and_transpose(x: torch.Tensor, fmt: str = "e4m3", s: torch.Tensor | None = None) -> tuple:
     """:func:`kernels.quantize.quantize_tensor_and_transpose` (``x`` 2-D)."""
     if not _compiling():
-        return Q.quantize_tensor_and_transpose(x, fmt, s)
+        return _current(x, fmt, transpose=True) if s is None else Q.quantize_tensor_and_transpose(x, fmt, s)
     if s is None:
         q, s, qt = _quantize_tensor_and_transpose_op(x, fmt)
     else:
@@ -188,6 +209,13 @@ def quantize_groups(x: torch.Tensor, granularity: str, fmt: str = "e4m3") -> Q.Q
     return Q.quantize(x, granularity, fmt)
 
 
+def quantize_columns_transposed(x: torch.Tensor, fmt: str = "e4m3") -> Q.Quantized:
+    """:func:`kernels.quantize.quantize_columns_transposed`."""
+    if _compiling():
+        return Q.Quantized(*_quantize_columns_transposed_op(x, fmt))
+    return Q.quantize_columns_transposed(x, fmt)
+
+
 def fp8_gemm(a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.bfloat16) -> torch.Tensor:
     """:func:`kernels.fp8_gemm.fp8_gemm` (the default kernel)."""
     if _compiling():
@@ -199,6 +227,7 @@ __all__ = [
     "GROUPED",
     "NAMESPACE",
     "fp8_gemm",
+    "quantize_columns_transposed",
     "quantize_groups",
     "quantize_tensor",
     "quantize_tensor_and_transpose",

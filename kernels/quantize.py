@@ -56,8 +56,10 @@ import torch
 import triton
 import triton.language as tl
 
+import kernels
 from kernels import formats
 from kernels.device import check_device, default_device
+from kernels.launch import Launcher, resident_programs, spec_key
 
 # -- formats and constants ------------------------------------------------------------------------
 
@@ -84,6 +86,7 @@ INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TENSOR_BLOCK, TENSOR_WARPS = 8192, 8  # per-tensor passes: elements per program
 FINALIZE_BLOCK = 1024  # the amax of the per-program partial maxima, in one program
 TRANSPOSE_TILE, TRANSPOSE_WARPS = 64, 4  # cast and transpose: (64, 64) tiles, read once, written twice
+FUSED_TILE, FUSED_WARPS = 64, 4  # the one-launch per-tensor quantizer: (64, 64) tiles, walked twice
 ROW_MAX_ONE_PASS = 16384  # rows up to this many elements stay in registers: one read
 ROW_BLOCK_ELEMS, ROW_WARPS = 8192, 4  # rows per program = max(1, ROW_BLOCK_ELEMS // next_pow2(K))
 G128_GROUPS, G128_WARPS = 64, 8  # 1x128: 64 groups (8192 elements) per program
@@ -415,6 +418,107 @@ def _cast_transpose(x: torch.Tensor, inv: torch.Tensor, fmt: str) -> tuple:
     return q, qt
 
 
+@triton.jit
+def _fused_tensor_kernel(
+    x_ptr, q_ptr, qt_ptr, s_ptr, amax_ptr, count_ptr, M, K,
+    FP8_MAX: tl.constexpr, E5M2: tl.constexpr, TRANSPOSE: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    # Per-tensor current scaling in one launch.  Every program walks its share of the (BM, BK) tiles
+    # twice: first for the amax, which it folds into one global maximum (atomic_max); then, once all
+    # programs have arrived at a grid-wide barrier (a counter in global memory), for the codes with
+    # S from that maximum (and, with TRANSPOSE, the codes of x.T too).  The programs must all be
+    # resident at once, so the host launches no more than the GPU holds, cooperatively.  The last
+    # program to leave resets the maximum and the counters for the next launch.
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    tiles_k = tl.cdiv(K, BK)
+    n_tiles = tl.cdiv(M, BM) * tiles_k
+    acc = tl.zeros([BM, BK], dtype=tl.float32)
+    for t in range(pid, n_tiles, nprog):
+        rows = (t // tiles_k).to(tl.int64) * BM + tl.arange(0, BM)
+        cols = (t % tiles_k).to(tl.int64) * BK + tl.arange(0, BK)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc = tl.maximum(acc, _finite_abs(x))
+    tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0), sem="relaxed")
+    tl.atomic_add(count_ptr, 1, sem="release")  # arrive
+    while tl.atomic_add(count_ptr, 0, sem="acquire") < nprog:
+        pass
+    amax = tl.atomic_max(amax_ptr, 0.0, sem="acquire")  # reads the maximum (every amax is >= 0)
+    s, inv = _fp32_scale(amax, FP8_MAX)
+    if pid == 0:
+        tl.store(s_ptr, s)
+    for t in range(pid, n_tiles, nprog):
+        rows = (t // tiles_k).to(tl.int64) * BM + tl.arange(0, BM)
+        cols = (t % tiles_k).to(tl.int64) * BK + tl.arange(0, BK)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        q = _encode(_nan_if_not_finite(x), inv, FP8_MAX, E5M2)
+        tl.store(q_ptr + rows[:, None] * K + cols[None, :], q, mask=mask)
+        if TRANSPOSE:
+            tl.store(qt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+    if tl.atomic_add(count_ptr + 1, 1, sem="acq_rel") == nprog - 1:  # the last to leave: reset
+        tl.atomic_xchg(count_ptr - 1, 0, sem="relaxed")  # the amax word, as int32 bits (0.0)
+        tl.atomic_xchg(count_ptr, 0, sem="relaxed")
+        tl.atomic_xchg(count_ptr + 1, 0, sem="relaxed")
+
+
+_FUSED_LAUNCH = Launcher(_fused_tensor_kernel)
+_FUSED_GRID = {}  # (device, format, transpose) -> programs resident at once
+_FUSED_SYNC = {}  # (device, stream) -> the barrier's words: amax (fp32 bits), arrivals, departures
+
+
+def _fused_sync(device: int) -> torch.Tensor:
+    """The three words of the fused kernel's barrier for this device and stream, zero between launches
+    (each launch leaves them as it found them).  Per stream, so launches on two streams never share
+    them; during CUDA-graph capture, fresh zeros that the graph keeps."""
+    if kernels.INTERPRETER:
+        return torch.zeros(3, dtype=torch.int32)
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(3, dtype=torch.int32, device="cuda")
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    words = _FUSED_SYNC.get(key)
+    if words is None:
+        words = _FUSED_SYNC[key] = torch.zeros(3, dtype=torch.int32, device="cuda")
+    return words
+
+
+def quantize_tensor_fused(x: torch.Tensor, fmt: str = "e4m3", transpose: bool = False) -> tuple:
+    """Per-tensor current scaling of a matrix in **one kernel launch**: amax, S, the codes and, with
+    ``transpose``, the codes of ``x.T``: ``(Quantized(q, S), qt or None)``, bit for bit what
+    :func:`quantize_tensor_and_transpose` (or :func:`quantize_tensor`) returns.
+
+    The launch's programs meet at a grid-wide barrier between the amax and the cast, so S never
+    leaves the device and no second kernel is launched; the cast reads ``x`` a second time (from L2
+    when ``x`` fits there).  In CPU mode one program does both walks."""
+    fmt = _check_fmt(fmt)
+    x = _check_matrix(x)
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=FP8_FORMATS[fmt], device=x.device)
+    qt = torch.empty((k, m), dtype=FP8_FORMATS[fmt], device=x.device) if transpose else q
+    s = torch.empty((), dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        s.fill_(1.0)
+        return Quantized(q, s), (qt if transpose else None)
+    device = -1 if kernels.INTERPRETER else x.get_device()
+    words = _fused_sync(device)
+    args = (x, q.view(torch.uint8), qt.view(torch.uint8), s, words[:1].view(torch.float32), words[1:], m, k)
+    meta = {"FP8_MAX": FP8_MAX[fmt], "E5M2": fmt == "e5m2", "TRANSPOSE": transpose,
+            "BM": FUSED_TILE, "BK": FUSED_TILE, "num_warps": FUSED_WARPS}  # fmt: skip
+    tiles = triton.cdiv(m, FUSED_TILE) * triton.cdiv(k, FUSED_TILE)
+    if kernels.INTERPRETER:
+        _fused_tensor_kernel[(1,)](*args, **meta)
+        return Quantized(q, s), (qt if transpose else None)
+    gkey = (device, fmt, transpose)
+    resident = _FUSED_GRID.get(gkey)
+    if resident is None:
+        compiled = _fused_tensor_kernel.warmup(*args, grid=(1,), launch_cooperative_grid=True, **meta)
+        resident = _FUSED_GRID[gkey] = resident_programs(compiled, device)
+    grid = (min(tiles, resident),)
+    _FUSED_LAUNCH(grid, args, (spec_key(*args), fmt, transpose), launch_cooperative_grid=True, **meta)
+    return Quantized(q, s), (qt if transpose else None)
+
+
 def quantize_tensor_and_transpose(x: torch.Tensor, fmt: str = "e4m3", s: torch.Tensor | None = None) -> tuple:
     """Per-tensor scaling of a matrix and of its transpose at once: ``(Quantized(q, S), qt)`` with
     ``qt`` the ``(K, M)`` codes of ``x.T``, bit for bit ``q.T`` (one S for both, so the transposed
@@ -600,6 +704,78 @@ def quantize_rowwise(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
             num_warps=ROW_WARPS,
         )  # fmt: skip
     return Quantized(q, s)
+
+
+@triton.jit
+def _columns_kernel(
+    x_ptr, qt_ptr, s_ptr, colmax_ptr, count_ptr, M, K,
+    FP8_MAX: tl.constexpr, E5M2: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    # Per-row scaling of x.T without writing x.T in the wide format: one S per *column* of x, codes
+    # stored transposed.  As in _fused_tensor_kernel, the programs walk their tiles twice with a
+    # grid-wide barrier between: first every column's amax (atomic_max into a zeroed vector of K),
+    # then S and 1/S per column and the codes, written at (k, m) of the (K, M) result.
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    tiles_k = tl.cdiv(K, BK)
+    n_tiles = tl.cdiv(M, BM) * tiles_k
+    for t in range(pid, n_tiles, nprog):
+        rows = (t // tiles_k).to(tl.int64) * BM + tl.arange(0, BM)
+        cols = (t % tiles_k) * BK + tl.arange(0, BK)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.atomic_max(colmax_ptr + cols, tl.max(_finite_abs(x), axis=0), mask=cols < K, sem="relaxed")
+    tl.atomic_add(count_ptr, 1, sem="release")  # arrive
+    while tl.atomic_add(count_ptr, 0, sem="acquire") < nprog:
+        pass
+    for t in range(pid, n_tiles, nprog):
+        tile_m = t // tiles_k
+        rows = tile_m.to(tl.int64) * BM + tl.arange(0, BM)
+        cols = (t % tiles_k) * BK + tl.arange(0, BK)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        amax = tl.atomic_max(colmax_ptr + cols, 0.0, mask=cols < K, sem="acquire")  # reads (BK,)
+        s, inv = _fp32_scale(tl.where(cols < K, amax, 0.0), FP8_MAX)
+        if tile_m == 0:
+            tl.store(s_ptr + cols, s, mask=cols < K)
+        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        q = _encode_own_scale(_nan_if_not_finite(x), inv[None, :], E5M2)
+        tl.store(qt_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+
+
+_COLUMNS_LAUNCH = Launcher(_columns_kernel)
+_COLUMNS_GRID = {}  # (device, format) -> programs resident at once
+
+
+def quantize_columns_transposed(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
+    """Per-row scaling of ``x.T``, read from ``x`` itself: ``(qt, S)`` with ``qt`` the ``(K, M)`` codes
+    and ``S`` ``(K, 1)``, bit for bit ``quantize_rowwise(x.T.contiguous())``, without the wide
+    transposed copy (which reads and writes ``x`` once more, and strided).
+
+    One launch: a grid-wide barrier separates the column maxima from the cast (see
+    :func:`quantize_tensor_fused`), plus the zeroing of K maxima.  What a rowwise FP8 linear layer's
+    backward needs for its transposed operands (``W^T``, ``dY^T``, ``X^T``)."""
+    fmt = _check_fmt(fmt)
+    x = _check_matrix(x)
+    m, k = x.shape
+    qt = torch.empty((k, m), dtype=FP8_FORMATS[fmt], device=x.device)
+    s = torch.empty((k, 1), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return Quantized(qt, s)
+    words = torch.zeros(k + 1, dtype=torch.int32, device=x.device)  # K column maxima (fp32 bits), a counter
+    args = (x, qt.view(torch.uint8), s, words[:k].view(torch.float32), words[k:], m, k)
+    meta = {"FP8_MAX": FP8_MAX[fmt], "E5M2": fmt == "e5m2", "BM": FUSED_TILE, "BK": FUSED_TILE,
+            "num_warps": FUSED_WARPS}  # fmt: skip
+    if kernels.INTERPRETER:
+        _columns_kernel[(1,)](*args, **meta)
+        return Quantized(qt, s)
+    device = x.get_device()
+    resident = _COLUMNS_GRID.get((device, fmt))
+    if resident is None:
+        compiled = _columns_kernel.warmup(*args, grid=(1,), launch_cooperative_grid=True, **meta)
+        resident = _COLUMNS_GRID[(device, fmt)] = resident_programs(compiled, device)
+    grid = (min(triton.cdiv(m, FUSED_TILE) * triton.cdiv(k, FUSED_TILE), resident),)
+    _COLUMNS_LAUNCH(grid, args, (spec_key(*args), fmt), launch_cooperative_grid=True, **meta)
+    return Quantized(qt, s)
 
 
 def quantize_rowwise_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:

@@ -183,7 +183,7 @@ def make_linear(quant_mul=False, grad_unscaled=False, transpose_codes=False, no_
 
 
 def swap_right(model):
-    return L.swap_linears(model, skip=lambda name, m: name in ("proj", "head"))
+    return L.swap_linears(model, skip=lambda name, m: name in ("proj", "head"), min_features=0)
 
 
 def swap_all(model):

@@ -142,9 +142,23 @@ def test_module_interface_and_swap():
     fp8 = L.FP8Linear.from_linear(lin)
     assert fp8.weight is lin.weight and isinstance(fp8, torch.nn.Linear)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 10))
-    L.swap_linears(model)
+    L.swap_linears(model, min_features=0)
     assert isinstance(model[0], L.FP8Linear) and type(model[2]) is torch.nn.Linear  # 10 is not a multiple of 16
     print(model)
+
+
+def test_swap_keeps_narrow_layers_in_bf16_unless_forced():
+    model = torch.nn.Sequential(
+        torch.nn.Linear(L.MIN_FEATURES, L.MIN_FEATURES, device="meta"),
+        torch.nn.Linear(L.MIN_FEATURES, L.MIN_FEATURES - 16, device="meta"),
+        torch.nn.Linear(64, 64, device="meta"),
+    )
+    L.swap_linears(model)
+    assert [type(m).__name__ for m in model] == ["FP8Linear", "Linear", "Linear"]
+    L.swap_linears(model, min_features=0)
+    assert all(isinstance(m, L.FP8Linear) for m in model)
+    with pytest.raises(ValueError, match="min_features"):
+        L.swap_linears(model, min_features=-1)
 
 
 def test_bad_arguments():

@@ -219,6 +219,50 @@ def test_codes_and_their_transpose_in_one_pass_equal_the_reference(shape):
                 assert qt.shape == (shape[1], shape[0]) and qt.is_contiguous()
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (130, 257), (64, 128), (1, 200)], ids=str)
+def test_the_one_launch_quantizers_equal_the_reference(shape):
+    """quantize_tensor_fused (amax, S, codes and their transpose behind a grid barrier) and
+    quantize_columns_transposed (per-row scaling of x.T read from x) against the references; several
+    calls in a row, so the barrier's words are found reset by the launch before."""
+    for case, x in _adversarial(shape, torch.bfloat16).items():
+        for fmt in ("e4m3", "e5m2"):
+            name = f"{fmt} {shape} {case}"
+            (want, s_want), want_t = Q.quantize_tensor_and_transpose_reference(x, fmt)
+            for transpose in (True, False):
+                (q, sq), qt = Q.quantize_tensor_fused(x, fmt, transpose)
+                _same(q, want, name + " fused codes", x.float().cpu())
+                _same(sq, s_want, name + " fused scale")
+                if transpose:
+                    _same(qt, want_t, name + " fused transposed codes")
+                else:
+                    assert qt is None
+            qc, sc = Q.quantize_columns_transposed(x, fmt)
+            want_c = Q.quantize_rowwise_reference(x.t().contiguous(), fmt)
+            _same(qc, want_c.q, name + " column codes")
+            _same(sc, want_c.s, name + " column scales")
+            assert qc.shape == (shape[1], shape[0]) and sc.shape == (shape[1], 1)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the grid barrier and the direct launches are compiled-only paths")
+def test_the_one_launch_quantizers_on_many_programs_and_unaligned_views():
+    """Large enough for every resident program to take part in the barrier; then an input whose
+    address is not 16-byte aligned (a view one element in), which must get its own compiled kernel."""
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    big = torch.randn(1537, 4099, device=DEVICE, dtype=torch.bfloat16, generator=g) * 5
+    for x in (big[:, :4096], big.reshape(-1)[1 : 1 + 1536 * 4096].reshape(1536, 4096), big[:1536, :4096] * 1e-30):
+        x = x.contiguous() if not x.is_contiguous() else x
+        for _ in range(2):
+            (q, s), qt = Q.quantize_tensor_fused(x, "e4m3", True)
+            (want, s_want), want_t = Q.quantize_tensor_and_transpose_reference(x, "e4m3")
+            _same(q, want, "fused codes")
+            _same(s, s_want, "fused scale")
+            _same(qt, want_t, "fused transposed codes")
+            qc, sc = Q.quantize_columns_transposed(x, "e5m2")
+            want_c = Q.quantize_rowwise_reference(x.t().contiguous(), "e5m2")
+            _same(qc, want_c.q, "column codes")
+            _same(sc, want_c.s, "column scales")
+
+
 def test_the_transposing_quantizer_refuses_what_it_cannot_transpose():
     with pytest.raises(ValueError, match="x must be a 2-D matrix"):
         Q.quantize_tensor_and_transpose(torch.randn(2, 3, 4, device=DEVICE))
@@ -226,6 +270,11 @@ def test_the_transposing_quantizer_refuses_what_it_cannot_transpose():
         Q.quantize_tensor_and_transpose(torch.randn(4, 4, device=DEVICE), s=torch.ones(2, device=DEVICE))
     with pytest.raises(ValueError, match="fmt"):
         Q.quantize_tensor_and_transpose(torch.randn(4, 4, device=DEVICE), "e3m4")
+    for one_launch in (Q.quantize_tensor_fused, Q.quantize_columns_transposed):
+        with pytest.raises(ValueError, match="x must be a 2-D matrix"):
+            one_launch(torch.randn(2, 3, 4, device=DEVICE))
+        with pytest.raises(ValueError, match="fmt"):
+            one_launch(torch.randn(4, 4, device=DEVICE), "e3m4")
 
 
 def test_swizzled_mx_scales_follow_the_128x4_tiles():
