@@ -18,10 +18,17 @@ The HYBRID recipe: activations and weights in E4M3 (precision), gradients in E5M
 operand is quantized along its GEMM's K dimension, so the transposed operands (``W^T``, ``dY^T``,
 ``X^T``) are quantized again *from the wide (bf16/fp32) original*, never made by transposing FP8
 codes: with per-row or per-block scales, transposed codes would carry scales that vary along K.  With
-one scale per tensor the two agree bit for bit (same S, same elements), so that recipe writes each
-operand's codes and its transpose's in one pass over the wide tensor
-(:func:`kernels.quantize.quantize_tensor_and_transpose`; :func:`tensor_operand`) and the backward keeps
-the transposes (1 byte per element), where a separate transpose would read and write the codes again.
+one scale per tensor the two agree bit for bit (same S, same elements), so that recipe quantizes each
+operand in one kernel launch that computes its amax, S, its codes and its transpose's codes
+(:func:`kernels.quantize.quantize_tensor_fused`; :func:`tensor_operand`), and the backward keeps the
+transposes (1 byte per element), where a separate transpose would read and write the codes again: a
+step is six launches (three quantizers, three GEMMs).  Per row, the transposed operands' scales are the
+wide tensor's column maxima, and one launch writes their codes transposed
+(:func:`kernels.quantize.quantize_columns_transposed`; :func:`transposed_operand`).
+
+Where FP8 pays: the casts cost memory passes and every launch costs host time, so a narrow layer runs
+faster in bf16; :func:`swap_linears` leaves layers narrower than :data:`MIN_FEATURES` in bf16 unless
+told otherwise.
 
 Scaling (:class:`FP8Recipe`): ``granularity`` "tensor" (default), "row" (one scale per row of each
 operand) or "block" (1x128 for A operands, 128x128 for B operands, with fp32 promotion).  With
@@ -98,7 +105,7 @@ def _delayed_scale(state: Q.DelayedScaling, x: torch.Tensor) -> torch.Tensor:
 def tensor_operand(x: torch.Tensor, fmt: str, state=None, transpose: bool = False) -> tuple:
     """Per-tensor codes of a matrix ``x`` ``(rows, K)`` and, with ``transpose``, of ``x.T`` in the same
     pass: ``(Quantized(q, S), qt or None)``.  ``state``: a DelayedScaling (its scale, and ``x``'s amax
-    into its history); None: current scaling."""
+    into its history); None: current scaling, one launch for amax, S and codes."""
     s = _delayed_scale(state, x) if state is not None else None
     if transpose:
         return ops.quantize_tensor_and_transpose(x, fmt, s)

@@ -3,8 +3,9 @@
 Chapter 2 and Lab 02 (quantizers).  Entry points: :func:`quantize`, :func:`quantize_tensor`,
 :func:`quantize_rowwise`, :func:`quantize_1x128`, :func:`quantize_128x128`, :func:`quantize_mxfp8`,
 :func:`dequantize`, :class:`DelayedScaling`, each kernel with its ``*_reference`` beside it; and
-:func:`quantize_tensor_and_transpose`, the codes of a matrix and of its transpose in one pass (chapter 5's
-FP8 linear layer).
+:func:`quantize_tensor_and_transpose`, the codes of a matrix and of its transpose in one pass; for chapter
+5's FP8 linear layer, :func:`quantize_tensor_fused` (amax, S, codes and transposed codes in one launch)
+and :func:`quantize_columns_transposed` (per-row scaling of ``x.T`` read from ``x``).
 
 The single implementation every later chapter imports (the FP8 GEMM reads what these write).
 
@@ -1129,11 +1130,13 @@ __all__ = [
     "quantize_1x128_reference",
     "quantize_mxfp8",
     "quantize_mxfp8_reference",
+    "quantize_columns_transposed",
     "quantize_rowwise",
     "quantize_rowwise_reference",
     "quantize_tensor",
     "quantize_tensor_and_transpose",
     "quantize_tensor_and_transpose_reference",
+    "quantize_tensor_fused",
     "quantize_tensor_reference",
     "quantize_tensor_with_scale",
     "quantize_tensor_with_scale_reference",
