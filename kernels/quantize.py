@@ -442,6 +442,7 @@ def _fused_tensor_kernel(
         x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         acc = tl.maximum(acc, _finite_abs(x))
     tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0), sem="relaxed")
+    tl.debug_barrier()  # every thread's part of the maximum is in before the program arrives
     tl.atomic_add(count_ptr, 1, sem="release")  # arrive
     while tl.atomic_add(count_ptr, 0, sem="acquire") < nprog:
         pass
@@ -726,6 +727,9 @@ def _columns_kernel(
         mask = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.atomic_max(colmax_ptr + cols, tl.max(_finite_abs(x), axis=0), mask=cols < K, sem="relaxed")
+    # The column maxima are updated by many threads of the program, the arrival by one: a barrier
+    # across the program first, so that the arrival's release covers every thread's updates.
+    tl.debug_barrier()
     tl.atomic_add(count_ptr, 1, sem="release")  # arrive
     while tl.atomic_add(count_ptr, 0, sem="acquire") < nprog:
         pass
