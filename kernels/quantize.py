@@ -420,6 +420,28 @@ def _cast_transpose(x: torch.Tensor, inv: torch.Tensor, fmt: str) -> tuple:
 
 
 @triton.jit
+def _tile(x_ptr, t, tiles_k, M, K, BM: tl.constexpr, BK: tl.constexpr):
+    """Tile ``t`` of a row-major (M, K) matrix cut into (BM, BK) tiles, tile rows outermost: its rows,
+    columns, mask and values in fp32."""
+    rows = (t // tiles_k).to(tl.int64) * BM + tl.arange(0, BM)
+    cols = (t % tiles_k).to(tl.int64) * BK + tl.arange(0, BK)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return rows, cols, mask, x
+
+
+@triton.jit
+def _grid_barrier(count_ptr, nprog):
+    """Wait until all ``nprog`` programs of the launch have arrived.  Many threads of a program may have
+    updated global memory, one arrives for it: a barrier across the program first, so that the
+    arrival's release covers every thread's updates."""
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="release")
+    while tl.atomic_add(count_ptr, 0, sem="acquire") < nprog:
+        pass
+
+
+@triton.jit
 def _fused_tensor_kernel(
     x_ptr, q_ptr, qt_ptr, s_ptr, amax_ptr, count_ptr, M, K,
     FP8_MAX: tl.constexpr, E5M2: tl.constexpr, TRANSPOSE: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
@@ -436,25 +458,16 @@ def _fused_tensor_kernel(
     n_tiles = tl.cdiv(M, BM) * tiles_k
     acc = tl.zeros([BM, BK], dtype=tl.float32)
     for t in range(pid, n_tiles, nprog):
-        rows = (t // tiles_k).to(tl.int64) * BM + tl.arange(0, BM)
-        cols = (t % tiles_k).to(tl.int64) * BK + tl.arange(0, BK)
-        mask = (rows[:, None] < M) & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        _, _, _, x = _tile(x_ptr, t, tiles_k, M, K, BM, BK)
         acc = tl.maximum(acc, _finite_abs(x))
     tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0), sem="relaxed")
-    tl.debug_barrier()  # every thread's part of the maximum is in before the program arrives
-    tl.atomic_add(count_ptr, 1, sem="release")  # arrive
-    while tl.atomic_add(count_ptr, 0, sem="acquire") < nprog:
-        pass
+    _grid_barrier(count_ptr, nprog)
     amax = tl.atomic_max(amax_ptr, 0.0, sem="acquire")  # reads the maximum (every amax is >= 0)
     s, inv = _fp32_scale(amax, FP8_MAX)
     if pid == 0:
         tl.store(s_ptr, s)
     for t in range(pid, n_tiles, nprog):
-        rows = (t // tiles_k).to(tl.int64) * BM + tl.arange(0, BM)
-        cols = (t % tiles_k).to(tl.int64) * BK + tl.arange(0, BK)
-        mask = (rows[:, None] < M) & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rows, cols, mask, x = _tile(x_ptr, t, tiles_k, M, K, BM, BK)
         q = _encode(_nan_if_not_finite(x), inv, FP8_MAX, E5M2)
         tl.store(q_ptr + rows[:, None] * K + cols[None, :], q, mask=mask)
         if TRANSPOSE:
@@ -465,8 +478,28 @@ def _fused_tensor_kernel(
         tl.atomic_xchg(count_ptr + 1, 0, sem="relaxed")
 
 
+_RESIDENT = {}  # (kernel, device, constexprs) -> programs resident at once
+
+
+def _launch_with_barrier(launcher: Launcher, m: int, k: int, args: tuple, meta: dict) -> None:
+    """Launch a kernel whose programs meet at :func:`_grid_barrier`, over the (M, K) matrix ``args[0]``
+    in (FUSED_TILE, FUSED_TILE) tiles: one program per tile, but never more than the GPU holds at once
+    (asked of the compiled kernel once per device and constexprs), launched cooperatively.  In CPU mode
+    one program walks every tile."""
+    if kernels.INTERPRETER:
+        launcher.fn[(1,)](*args, **meta)
+        return
+    device = args[0].get_device()
+    constexprs = tuple(meta.items())
+    resident = _RESIDENT.get((launcher, device, constexprs))
+    if resident is None:
+        compiled = launcher.fn.warmup(*args, grid=(1,), launch_cooperative_grid=True, **meta)
+        resident = _RESIDENT[(launcher, device, constexprs)] = resident_programs(compiled, device)
+    grid = (min(triton.cdiv(m, FUSED_TILE) * triton.cdiv(k, FUSED_TILE), resident),)
+    launcher(grid, args, (spec_key(*args), constexprs), launch_cooperative_grid=True, **meta)
+
+
 _FUSED_LAUNCH = Launcher(_fused_tensor_kernel)
-_FUSED_GRID = {}  # (device, format, transpose) -> programs resident at once
 _FUSED_SYNC = {}  # (device, stream) -> the barrier's words: amax (fp32 bits), arrivals, departures
 
 
@@ -502,22 +535,11 @@ def quantize_tensor_fused(x: torch.Tensor, fmt: str = "e4m3", transpose: bool = 
     if x.numel() == 0:
         s.fill_(1.0)
         return Quantized(q, s), (qt if transpose else None)
-    device = -1 if kernels.INTERPRETER else x.get_device()
-    words = _fused_sync(device)
+    words = _fused_sync(-1 if kernels.INTERPRETER else x.get_device())
     args = (x, q.view(torch.uint8), qt.view(torch.uint8), s, words[:1].view(torch.float32), words[1:], m, k)
     meta = {"FP8_MAX": FP8_MAX[fmt], "E5M2": fmt == "e5m2", "TRANSPOSE": transpose,
             "BM": FUSED_TILE, "BK": FUSED_TILE, "num_warps": FUSED_WARPS}  # fmt: skip
-    tiles = triton.cdiv(m, FUSED_TILE) * triton.cdiv(k, FUSED_TILE)
-    if kernels.INTERPRETER:
-        _fused_tensor_kernel[(1,)](*args, **meta)
-        return Quantized(q, s), (qt if transpose else None)
-    gkey = (device, fmt, transpose)
-    resident = _FUSED_GRID.get(gkey)
-    if resident is None:
-        compiled = _fused_tensor_kernel.warmup(*args, grid=(1,), launch_cooperative_grid=True, **meta)
-        resident = _FUSED_GRID[gkey] = resident_programs(compiled, device)
-    grid = (min(tiles, resident),)
-    _FUSED_LAUNCH(grid, args, (spec_key(*args), fmt, transpose), launch_cooperative_grid=True, **meta)
+    _launch_with_barrier(_FUSED_LAUNCH, m, k, args, meta)
     return Quantized(q, s), (qt if transpose else None)
 
 
@@ -722,33 +744,20 @@ def _columns_kernel(
     tiles_k = tl.cdiv(K, BK)
     n_tiles = tl.cdiv(M, BM) * tiles_k
     for t in range(pid, n_tiles, nprog):
-        rows = (t // tiles_k).to(tl.int64) * BM + tl.arange(0, BM)
-        cols = (t % tiles_k) * BK + tl.arange(0, BK)
-        mask = (rows[:, None] < M) & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        _, cols, _, x = _tile(x_ptr, t, tiles_k, M, K, BM, BK)
         tl.atomic_max(colmax_ptr + cols, tl.max(_finite_abs(x), axis=0), mask=cols < K, sem="relaxed")
-    # The column maxima are updated by many threads of the program, the arrival by one: a barrier
-    # across the program first, so that the arrival's release covers every thread's updates.
-    tl.debug_barrier()
-    tl.atomic_add(count_ptr, 1, sem="release")  # arrive
-    while tl.atomic_add(count_ptr, 0, sem="acquire") < nprog:
-        pass
+    _grid_barrier(count_ptr, nprog)
     for t in range(pid, n_tiles, nprog):
-        tile_m = t // tiles_k
-        rows = tile_m.to(tl.int64) * BM + tl.arange(0, BM)
-        cols = (t % tiles_k) * BK + tl.arange(0, BK)
-        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        rows, cols, mask, x = _tile(x_ptr, t, tiles_k, M, K, BM, BK)
         amax = tl.atomic_max(colmax_ptr + cols, 0.0, mask=cols < K, sem="acquire")  # reads (BK,)
         s, inv = _fp32_scale(tl.where(cols < K, amax, 0.0), FP8_MAX)
-        if tile_m == 0:
+        if t < tiles_k:  # the first row of tiles writes the scales
             tl.store(s_ptr + cols, s, mask=cols < K)
-        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         q = _encode_own_scale(_nan_if_not_finite(x), inv[None, :], E5M2)
-        tl.store(qt_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+        tl.store(qt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
 
 
 _COLUMNS_LAUNCH = Launcher(_columns_kernel)
-_COLUMNS_GRID = {}  # (device, format) -> programs resident at once
 
 
 def quantize_columns_transposed(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
@@ -770,16 +779,7 @@ def quantize_columns_transposed(x: torch.Tensor, fmt: str = "e4m3") -> Quantized
     args = (x, qt.view(torch.uint8), s, words[:k].view(torch.float32), words[k:], m, k)
     meta = {"FP8_MAX": FP8_MAX[fmt], "E5M2": fmt == "e5m2", "BM": FUSED_TILE, "BK": FUSED_TILE,
             "num_warps": FUSED_WARPS}  # fmt: skip
-    if kernels.INTERPRETER:
-        _columns_kernel[(1,)](*args, **meta)
-        return Quantized(qt, s)
-    device = x.get_device()
-    resident = _COLUMNS_GRID.get((device, fmt))
-    if resident is None:
-        compiled = _columns_kernel.warmup(*args, grid=(1,), launch_cooperative_grid=True, **meta)
-        resident = _COLUMNS_GRID[(device, fmt)] = resident_programs(compiled, device)
-    grid = (min(triton.cdiv(m, FUSED_TILE) * triton.cdiv(k, FUSED_TILE), resident),)
-    _COLUMNS_LAUNCH(grid, args, (spec_key(*args), fmt), launch_cooperative_grid=True, **meta)
+    _launch_with_barrier(_COLUMNS_LAUNCH, m, k, args, meta)
     return Quantized(qt, s)
 
 
