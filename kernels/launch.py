@@ -27,9 +27,6 @@ from triton import knobs
 
 import kernels
 
-# Compile options of a triton.Config: they shape the compiled kernel but are not kernel arguments.
-_OPTIONS = ("num_warps", "num_ctas", "num_stages", "maxnreg", "ir_override")
-
 
 def spec_key(*args) -> tuple:
     """What a compiled kernel depends on among ``args``: for a tensor its dtype, device index and

@@ -250,7 +250,7 @@ def test_the_one_launch_quantizers_on_many_programs_and_unaligned_views():
     g = torch.Generator(device=DEVICE).manual_seed(3)
     big = torch.randn(1537, 4099, device=DEVICE, dtype=torch.bfloat16, generator=g) * 5
     for x in (big[:, :4096], big.reshape(-1)[1 : 1 + 1536 * 4096].reshape(1536, 4096), big[:1536, :4096] * 1e-30):
-        x = x.contiguous() if not x.is_contiguous() else x
+        x = x.contiguous()
         for _ in range(2):
             (q, s), qt = Q.quantize_tensor_fused(x, "e4m3", True)
             (want, s_want), want_t = Q.quantize_tensor_and_transpose_reference(x, "e4m3")
