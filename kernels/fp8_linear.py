@@ -295,9 +295,11 @@ class FP8Linear(torch.nn.Linear):
 
 
 # Below this width (in_features or out_features) a layer's FP8 step does not repay its casts and its
-# launches: on the H200, with as many tokens as features, FP8Linear's step takes 0.67x bf16's time at
-# 4096 x 4096 x 4096 and 1.7x at 8192^3; an LLM MLP projection (16384 tokens, 4096 <-> 14336) gains
-# 1.6x (benchmarks/results, fp8_linear).  swap_linears keeps narrower layers in bf16 unless told not to.
+# launches.  On the H200 (benchmarks/results, fp8_linear), with as many tokens as features, FP8Linear's
+# step runs at 0.14x bf16's speed at 2048^3, 0.95x at 4096^3 (both bound by the host's launches) and
+# 1.70x at 8192^3; an LLM MLP projection (16384 tokens, 4096 <-> 14336) gains 1.65x.  At this width the
+# step is near bf16's with 4096 tokens and ahead with more.  swap_linears keeps narrower layers in bf16
+# unless told not to.
 MIN_FEATURES = 4096
 
 
