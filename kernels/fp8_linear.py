@@ -138,7 +138,7 @@ def transposed_operand(x: torch.Tensor, role: str, fmt: str, granularity: str) -
 
 
 def _gemm(qa: Q.Quantized, qb: Q.Quantized, granularity: str, out_dtype) -> torch.Tensor:
-    return ops.fp8_gemm(qa.q, qb.q, qa.s, qb.s, _GEMM_SCALING[granularity], out_dtype=out_dtype)
+    return ops.fp8_gemm_quantized(qa, qb, _GEMM_SCALING[granularity], out_dtype)
 
 
 def _out_dtype(dtype) -> torch.dtype:

@@ -223,10 +223,20 @@ def fp8_gemm(a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.bf
     return G.fp8_gemm(a, b, a_scale, b_scale, scaling, out_dtype)
 
 
+def fp8_gemm_quantized(qa: Q.Quantized, qb: Q.Quantized, scaling: str = "tensor", out_dtype=torch.bfloat16):
+    """:func:`fp8_gemm` of two operands that this package's quantizers made (an FP8 layer's GEMMs): in
+    eager mode without the argument checks, which such operands pass by construction
+    (:func:`kernels.fp8_gemm.fp8_gemm_unchecked`)."""
+    if _compiling():
+        return _fp8_gemm_op(qa.q, qb.q, qa.s, qb.s, scaling, out_dtype)
+    return G.fp8_gemm_unchecked(qa.q, qb.q, qa.s, qb.s, scaling, out_dtype)
+
+
 __all__ = [
     "GROUPED",
     "NAMESPACE",
     "fp8_gemm",
+    "fp8_gemm_quantized",
     "quantize_columns_transposed",
     "quantize_groups",
     "quantize_tensor",

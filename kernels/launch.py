@@ -112,20 +112,41 @@ def _raw_stream(device: int) -> int:
 
 
 def resident_programs(compiled, device: int) -> int:
-    """How many programs of ``compiled`` (a compiled kernel) the GPU holds at once: per SM, the fewest
-    that registers, shared memory, threads and the 32-block limit allow, times the SM count.  A kernel
-    whose programs wait for one another (a grid barrier) must launch no more than this, cooperatively
+    """How many programs of ``compiled`` (a compiled kernel) the GPU holds at once: the driver's own
+    occupancy answer (``cuOccupancyMaxActiveBlocksPerMultiprocessor``: registers, shared memory with its
+    per-block reservation, threads, the block limit) times the SM count.  A kernel whose programs wait
+    for one another (a grid barrier) must launch no more than this, cooperatively
     (``launch_cooperative_grid=True``: the driver then refuses a grid that cannot all be resident
     instead of letting it hang)."""
     compiled._init_handles()
     props = torch.cuda.get_device_properties(device)
-    warps = compiled.metadata.num_warps
-    regs_per_warp = -(-max(compiled.n_regs, 1) * props.warp_size // 256) * 256  # allocated 256 at a time
-    by_regs = props.regs_per_multiprocessor // (regs_per_warp * warps)
+    threads = compiled.metadata.num_warps * props.warp_size
     shared = compiled.metadata.shared
-    by_shared = props.shared_memory_per_multiprocessor // shared if shared else 32
-    by_threads = props.max_threads_per_multi_processor // (warps * props.warp_size)
-    return props.multi_processor_count * max(1, min(by_regs, by_shared, by_threads, 32))
+    with torch.cuda.device(device):
+        per_sm = _driver_occupancy(compiled.function, threads, shared)
+    if per_sm is None:  # no driver library to ask: the same limits, worked out here
+        regs_per_warp = -(-max(compiled.n_regs, 1) * props.warp_size // 256) * 256  # allocated 256 at a time
+        by_regs = props.regs_per_multiprocessor // (regs_per_warp * (threads // props.warp_size))
+        by_shared = props.shared_memory_per_multiprocessor // (shared + 1024)  # 1 KB reserved per block
+        by_threads = props.max_threads_per_multi_processor // threads
+        per_sm = min(by_regs, by_shared, by_threads, 32)
+    return props.multi_processor_count * max(1, per_sm)
+
+
+def _driver_occupancy(function: int, threads: int, shared: int):
+    """Blocks of ``function`` (a CUfunction handle) resident per SM, asked of the CUDA driver; None where
+    the driver library cannot be loaded or answers with an error."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    blocks = ctypes.c_int(0)
+    rc = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(blocks), ctypes.c_void_p(function), ctypes.c_int(threads), ctypes.c_size_t(shared)
+    )
+    return blocks.value if rc == 0 and blocks.value > 0 else None
 
 
 _SCRATCH = {}

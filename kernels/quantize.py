@@ -478,44 +478,67 @@ def _fused_tensor_kernel(
         tl.atomic_xchg(count_ptr + 1, 0, sem="relaxed")
 
 
-_RESIDENT = {}  # (kernel, device, constexprs) -> programs resident at once
+_RESIDENT = {}  # (kernel, launch key) -> programs resident at once
 
 
-def _launch_with_barrier(launcher: Launcher, m: int, k: int, args: tuple, meta: dict) -> None:
+def _launch_with_barrier(launcher: Launcher, m: int, k: int, args: tuple, meta: dict, constexprs=None) -> None:
     """Launch a kernel whose programs meet at :func:`_grid_barrier`, over the (M, K) matrix ``args[0]``
     in (FUSED_TILE, FUSED_TILE) tiles: one program per tile, but never more than the GPU holds at once
-    (asked of the compiled kernel once per device and constexprs), launched cooperatively.  In CPU mode
-    one program walks every tile."""
+    (asked of the compiled kernel once per launch key), launched cooperatively.  In CPU mode
+    one program walks every tile.  ``constexprs``: ``tuple(meta.items())``, if the caller keeps it.
+
+    ``args`` are tensors, then M and K; every tensor but ``args[0]`` is one this package allocated, its
+    dtype fixed by ``meta``, so ``args[0]``'s dtype, each tensor's alignment, M, K and ``meta`` are all
+    that the compiled kernel depends on (the key of :class:`kernels.launch.Launcher`)."""
     if kernels.INTERPRETER:
         launcher.fn[(1,)](*args, **meta)
         return
-    device = args[0].get_device()
-    constexprs = tuple(meta.items())
-    resident = _RESIDENT.get((launcher, device, constexprs))
+    x = args[0]
+    device = x.get_device()
+    constexprs = tuple(meta.items()) if constexprs is None else constexprs
+    aligned = tuple(a.data_ptr() % 16 == 0 for a in args[:-2])  # the tensors (a slice of words may not be)
+    key = (device, x.dtype, aligned, args[-2:], constexprs)
+    # Registers and shared memory, hence how many programs fit, belong to one compiled variant: ask for
+    # the one these arguments select (the dtype and alignment of x, the sizes' specializations).
+    resident = _RESIDENT.get((launcher, key))
     if resident is None:
         compiled = launcher.fn.warmup(*args, grid=(1,), launch_cooperative_grid=True, **meta)
-        resident = _RESIDENT[(launcher, device, constexprs)] = resident_programs(compiled, device)
+        resident = _RESIDENT[(launcher, key)] = resident_programs(compiled, device)
     grid = (min(triton.cdiv(m, FUSED_TILE) * triton.cdiv(k, FUSED_TILE), resident),)
-    launcher(grid, args, (spec_key(*args), constexprs), launch_cooperative_grid=True, **meta)
+    launcher(grid, args, key, launch_cooperative_grid=True, **meta)
 
 
 _FUSED_LAUNCH = Launcher(_fused_tensor_kernel)
-_FUSED_SYNC = {}  # (device, stream) -> the barrier's words: amax (fp32 bits), arrivals, departures
+_FUSED_SYNC = {}  # (device, stream) -> the barrier's words as the kernel takes them: amax (fp32), counters
+_FUSED_META = {}  # (fmt, transpose) -> (the launch's constexprs, as a dict and as a tuple)
 
 
-def _fused_sync(device: int) -> torch.Tensor:
-    """The three words of the fused kernel's barrier for this device and stream, zero between launches
-    (each launch leaves them as it found them).  Per stream, so launches on two streams never share
-    them; during CUDA-graph capture, fresh zeros that the graph keeps."""
+def _fused_sync(device: int) -> tuple:
+    """The barrier words of the fused kernel for this device and stream, zero between launches (each
+    launch leaves them as it found them): ``(amax, counters)``, one fp32 word and two int32 words of one
+    buffer.  Per stream, so launches on two streams never share them; during CUDA-graph capture, fresh
+    zeros that the graph keeps."""
     if kernels.INTERPRETER:
-        return torch.zeros(3, dtype=torch.int32)
-    if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(3, dtype=torch.int32, device="cuda")
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    words = _FUSED_SYNC.get(key)
-    if words is None:
-        words = _FUSED_SYNC[key] = torch.zeros(3, dtype=torch.int32, device="cuda")
-    return words
+        words = torch.zeros(3, dtype=torch.int32)
+    elif torch.cuda.is_current_stream_capturing():
+        words = torch.zeros(3, dtype=torch.int32, device="cuda")
+    else:
+        key = (device, torch.cuda.current_stream(device).cuda_stream)
+        views = _FUSED_SYNC.get(key)
+        if views is None:
+            words = torch.zeros(3, dtype=torch.int32, device="cuda")
+            views = _FUSED_SYNC[key] = (words[:1].view(torch.float32), words[1:])
+        return views
+    return words[:1].view(torch.float32), words[1:]
+
+
+def _fused_meta(fmt: str, transpose: bool) -> tuple:
+    meta = _FUSED_META.get((fmt, transpose))
+    if meta is None:
+        d = {"FP8_MAX": FP8_MAX[fmt], "E5M2": fmt == "e5m2", "TRANSPOSE": transpose,
+             "BM": FUSED_TILE, "BK": FUSED_TILE, "num_warps": FUSED_WARPS}  # fmt: skip
+        meta = _FUSED_META[(fmt, transpose)] = (d, tuple(d.items()))
+    return meta
 
 
 def quantize_tensor_fused(x: torch.Tensor, fmt: str = "e4m3", transpose: bool = False) -> tuple:
@@ -535,11 +558,10 @@ def quantize_tensor_fused(x: torch.Tensor, fmt: str = "e4m3", transpose: bool = 
     if x.numel() == 0:
         s.fill_(1.0)
         return Quantized(q, s), (qt if transpose else None)
-    words = _fused_sync(-1 if kernels.INTERPRETER else x.get_device())
-    args = (x, q.view(torch.uint8), qt.view(torch.uint8), s, words[:1].view(torch.float32), words[1:], m, k)
-    meta = {"FP8_MAX": FP8_MAX[fmt], "E5M2": fmt == "e5m2", "TRANSPOSE": transpose,
-            "BM": FUSED_TILE, "BK": FUSED_TILE, "num_warps": FUSED_WARPS}  # fmt: skip
-    _launch_with_barrier(_FUSED_LAUNCH, m, k, args, meta)
+    amax, counters = _fused_sync(-1 if kernels.INTERPRETER else x.get_device())
+    args = (x, q.view(torch.uint8), qt.view(torch.uint8), s, amax, counters, m, k)
+    meta, constexprs = _fused_meta(fmt, transpose)
+    _launch_with_barrier(_FUSED_LAUNCH, m, k, args, meta, constexprs)
     return Quantized(q, s), (qt if transpose else None)
 
 
@@ -699,11 +721,15 @@ def _launch_row_groups(x2, q, s, group, per_program, warps, fmt, mx=False, round
     bm = max(1, per_program // ng)
     even = m % bm == 0 and n_groups % ng == 0 and k % group == 0
     grid = (triton.cdiv(m, bm), triton.cdiv(n_groups, ng))
-    _row_groups_kernel[grid](
-        x2, q.view(torch.uint8), s, m, k, n_groups, G=group, BM=bm, NG=ng, FP8_MAX=FP8_MAX[fmt],
-        E5M2=fmt == "e5m2", MX=mx, EMAX=EMAX_ELEM[fmt], FINITE_BOUND=FINITE_BOUND[fmt], ROUND_UP=round_up, EVEN=even,
-        I64=x2.numel() >= INT32_LIMIT, num_warps=warps,
+    args = (x2, q.view(torch.uint8), s, m, k, n_groups)
+    meta = dict(
+        G=group, BM=bm, NG=ng, FP8_MAX=FP8_MAX[fmt], E5M2=fmt == "e5m2", MX=mx, EMAX=EMAX_ELEM[fmt],
+        FINITE_BOUND=FINITE_BOUND[fmt], ROUND_UP=round_up, EVEN=even, I64=x2.numel() >= INT32_LIMIT, num_warps=warps,
     )  # fmt: skip
+    _ROW_GROUPS_LAUNCH(grid, args, (spec_key(*args), tuple(meta.items())), **meta)
+
+
+_ROW_GROUPS_LAUNCH = Launcher(_row_groups_kernel)
 
 
 def quantize_rowwise(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
@@ -776,7 +802,7 @@ def quantize_columns_transposed(x: torch.Tensor, fmt: str = "e4m3") -> Quantized
     if m == 0:
         return Quantized(qt, s)
     words = torch.zeros(k + 1, dtype=torch.int32, device=x.device)  # K column maxima (fp32 bits), a counter
-    args = (x, qt.view(torch.uint8), s, words[:k].view(torch.float32), words[k:], m, k)
+    args = (x, qt.view(torch.uint8), s, words[:k].view(torch.float32), words[k:], m, k)  # see _launch_with_barrier
     meta = {"FP8_MAX": FP8_MAX[fmt], "E5M2": fmt == "e5m2", "BM": FUSED_TILE, "BK": FUSED_TILE,
             "num_warps": FUSED_WARPS}  # fmt: skip
     _launch_with_barrier(_COLUMNS_LAUNCH, m, k, args, meta)

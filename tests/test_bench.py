@@ -111,6 +111,7 @@ BASELINES = {
     "fp8_gemm_tensorwise": {"torch._scaled_mm tensorwise", "torch.matmul bf16"},
     "fp8_gemm_rowwise": {"torch._scaled_mm rowwise", "torch.matmul bf16"},
     "fp8_gemm_blockwise": {"torch._scaled_mm tensorwise", "torch._scaled_mm blockwise", "torch.matmul bf16"},
+    "fp8_gemm_blockwise_small_m": {"torch._scaled_mm blockwise"},
     "fp8_linear": {"nn.Linear bf16", *TORCHAO["tensor"]},
     "fp8_linear_rowwise": {"nn.Linear bf16", *TORCHAO["row"]},
     "fp8_linear_compiled": {"nn.Linear bf16, compiled", *TORCHAO["tensor"]},

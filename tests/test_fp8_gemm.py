@@ -63,6 +63,19 @@ def test_against_float64(scaling, kernel, shape):
         _check(c, qa, qb, scaling, f"{scaling} {kernel} {shape} a={a_fmt}")
 
 
+@pytest.mark.parametrize("scaling", list(G.SCALINGS))
+def test_the_unchecked_path_is_the_same_kernel(scaling):
+    """FP8Linear's GEMMs skip the argument checks (their operands come from the quantizers): same bits,
+    for a shape the persistent kernel takes and one that falls back to the grouped kernel (N * 2 bytes
+    not a multiple of 16), and twice, so that the second call takes the cached launch."""
+    for m, n, k in ((130, 72, 272), (33, 44, 128)):
+        qa, qb = _operands(m, n, k, scaling)
+        want = G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, scaling)
+        for _ in range(2):
+            got = G.fp8_gemm_unchecked(qa.q, qb.q, qa.s, qb.s, scaling)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (scaling, m, n, k)
+
+
 @pytest.mark.parametrize("case", ["row magnitudes", "one outlier", "zeros", "all-equal"])
 @pytest.mark.parametrize("scaling", list(G.SCALINGS))
 def test_adversarial(case, scaling):

@@ -11,14 +11,21 @@ Operands are random bf16 data quantized once before timing; every result is chec
 reference (on a slice of rows) before it is timed.
 """
 
+import itertools
+
 import torch
 
-from kernels.bench import benchmark, cases, host_us, measure
+from kernels.bench import benchmark, cases, graphed, host_us, measure
 
 # (M, N, K): square sizes, a wide-N / short-K case, and an LLM projection (16384 tokens, K = 1024).
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 4096), (16384, 8192, 1024))
 # tokens x in_features x out_features: square sizes from where the host path dominates to where the GEMMs
 # do, and an LLM MLP's up and down projections (16384 tokens, 4096 <-> 14336).
+# Blockwise with few tokens: M tokens against DeepSeek-V3's 7168 x 7168 and an LLM projection (N = 4096,
+# K = 14336).
+SMALL_M = (16, 32, 64, 128)
+SMALL_M_NK = ((7168, 7168), (4096, 14336))
+SMALL_M_CALLS = 8
 LINEAR_SHAPES = ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096))
 TORCHAO = {"tensor": "tensorwise", "row": "rowwise"}  # torchao's recipe names
 CHECK_ROWS = 256
@@ -96,6 +103,33 @@ def _bench_blockwise():
     """1x128 x 128x128 block scales with fp32 promotion every 128 K, vs cuBLAS tensorwise (the target's
     baseline) and vs cuBLAS's own blockwise GEMM on the same operands."""
     return _gemm_bench("fp8_gemm_blockwise", "block", "tensor")
+
+
+@benchmark("fp8_gemm_blockwise_small_m")
+def _bench_blockwise_small_m():
+    """Blockwise with a few tokens (M = 16 to 128: decoding, a small batch, a MoE expert's share) against
+    cuBLAS's blockwise GEMM on the same operands.  A call takes tens of microseconds, so both are timed
+    as the replay of a CUDA graph of :data:`SMALL_M_CALLS` calls."""
+    from kernels import fp8_gemm as G
+
+    records = []
+    for (n, k), m in cases(itertools.product(SMALL_M_NK, SMALL_M)):
+        _, _, qa, qb = operands(m, n, k, "block")
+        ours = lambda qa=qa, qb=qb: G.fp8_gemm(qa.q, qb.q, qa.s, qb.s, "block")  # noqa: E731
+        cublas = lambda qa=qa, qb=qb: G.scaled_mm(qa.q, qb.q, qa.s, qb.s, "block")  # noqa: E731
+        _check("fp8_gemm_blockwise_small_m", ours(), qa, qb, "block")
+        _check("torch._scaled_mm blockwise", cublas(), qa, qb, "block")
+        records += measure(
+            "fp8_gemm_blockwise_small_m",
+            f"{m}x{n}x{k}",
+            "TFLOP/s",
+            2.0 * m * n * k * SMALL_M_CALLS,
+            graphed(ours, SMALL_M_CALLS),
+            {"torch._scaled_mm blockwise": graphed(cublas, SMALL_M_CALLS)},
+        )
+        del qa, qb
+        torch.cuda.empty_cache()
+    return records
 
 
 def torchao_float8(weight: torch.nn.Parameter, granularity: str):
