@@ -64,9 +64,8 @@ KERNELS = ("persistent", "grouped")
 # The autotuning space for Hopper (sm_90): 128-wide K steps (one block scale each), 128x128 or
 # 128x256 / 256x128 output tiles, 3-5 pipeline stages (a 256x128 stage of fp8 operands is 48 KB of
 # the 228 KB of shared memory; configs that do not fit are skipped by the autotuner), 4 or 8 warps;
-# and 64x128 tiles with one warp group, for a few tokens (M <= 128): twice the tiles to spread over
-# the 132 SMs, and two programs per SM, whose scale multiplications and MMAs overlap (blockwise at
-# M = 64 went from 1.34x to 1.55x cuBLAS's blockwise GEMM on the H200 with it).
+# and 64x128 tiles with one warp group, for a few tokens (M <= 128): twice as many tiles to spread over
+# the SMs, and room for two programs per SM.
 # A module constant, so that measurements on the target GPU can prune it.
 CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 8}, num_stages=s, num_warps=w)
