@@ -296,10 +296,10 @@ class FP8Linear(torch.nn.Linear):
 
 # Below this width (in_features or out_features) a layer's FP8 step does not repay its casts and its
 # launches.  On the H200 (benchmarks/results, fp8_linear), with as many tokens as features, FP8Linear's
-# step runs at 0.14x bf16's speed at 2048^3, 0.95x at 4096^3 (both bound by the host's launches) and
-# 1.70x at 8192^3; an LLM MLP projection (16384 tokens, 4096 <-> 14336) gains 1.65x.  At this width the
-# step is near bf16's with 4096 tokens and ahead with more.  swap_linears keeps narrower layers in bf16
-# unless told not to.
+# step runs at 0.20x bf16's speed at 2048^3 and 0.69x to 0.95x at 4096^3 (from run to run: both sizes
+# are bound by the host's launches, and the host's speed varies) and 1.71x at 8192^3; an LLM MLP
+# projection (16384 tokens, 4096 <-> 14336) gains 1.66x.  At this width the step pays with many tokens
+# and can lose with few.  swap_linears keeps narrower layers in bf16 unless told not to.
 MIN_FEATURES = 4096
 
 
