@@ -139,3 +139,23 @@ def test_benchmark_runs_on_a_gpu(tmp_path, name):
         assert all(r["host_us"] > 0 for r in recs), "the layer's records give its host time per step"
     if name.startswith("fp8_linear") and not importlib.util.find_spec("torchao"):
         assert all("torchao is not importable" in r["absent"] for r in recs), "the record says the peer was absent"
+
+
+def test_a_record_names_the_commit_that_ran_or_says_the_files_differ(monkeypatch):
+    import subprocess
+
+    import kernels.device
+
+    monkeypatch.setattr(kernels.device, "gpu_environment", lambda: {})
+    monkeypatch.delenv("KERNELS_COMMIT", raising=False)
+    answers = {"rev-parse": "abc123\n", "status": ""}
+
+    def fake_run(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 0, stdout=answers[cmd[1]], stderr="")
+
+    monkeypatch.setattr(command.subprocess, "run", fake_run)
+    assert command.environment()["commit"] == "abc123"
+    answers["status"] = " M kernels/quantize.py\n"
+    assert command.environment()["commit"] == "abc123+modified"
+    monkeypatch.setenv("KERNELS_COMMIT", "def456")
+    assert command.environment()["commit"] == "def456"

@@ -39,11 +39,20 @@ def gpu_slug(name: str) -> str:
 
 
 def environment() -> dict:
-
-    commit = os.environ.get("KERNELS_COMMIT", "")  # for a copy of the tree without .git
+    """What a record depends on: the GPU and stack (:func:`kernels.device.gpu_environment`) and the
+    commit of the code that ran: ``KERNELS_COMMIT`` if set (for a copy of the tree without .git), else
+    git's HEAD, marked ``+modified`` when tracked files differ from it (a working copy whose .git is
+    not the one its files came from would otherwise name a commit that never ran)."""
+    commit = os.environ.get("KERNELS_COMMIT", "")
     if not commit:
         git = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], capture_output=True, text=True, cwd=ROOT)
         commit = git.stdout.strip() if git.returncode == 0 else ""
+        if commit:
+            status = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT
+            )
+            if status.returncode != 0 or status.stdout.strip():
+                commit += "+modified"
     from kernels.device import gpu_environment
 
     return {**gpu_environment(), "commit": commit or "unknown"}
