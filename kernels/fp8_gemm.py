@@ -183,7 +183,7 @@ def _check_args(a, b, a_scale, b_scale, scaling, out_dtype, out_dtypes=OUT_DTYPE
 
 
 @triton.jit
-def _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """Tile index -> (pid_m, pid_n) in grouped order: GROUP_M tile rows are swept column by column, so
     programs running at the same time share A rows and B columns in L2 (Triton tutorial 03)."""
     num_pid_in_group = GROUP_M * num_pid_n
@@ -290,7 +290,7 @@ def _fp8_gemm_kernel(
 ):  # fmt: skip
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # Clamped row indices instead of row masks: every load is in bounds and the edge rows are computed
@@ -347,7 +347,7 @@ def _fp8_gemm_persistent_kernel(
     # why the epilogue recomputes its own tile index (tile_id_c) instead of reusing the loop's.
     tile_id_c = tl.program_id(0) - NUM_SMS
     for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
-        pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -361,7 +361,7 @@ def _fp8_gemm_persistent_kernel(
             else:
                 acc = _mma(a, b, acc, UPCAST)
         tile_id_c += NUM_SMS
-        pid_m, pid_n = _grouped_tile(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _epilogue_scale(acc, as_ptr, bs_ptr, offs_m, offs_n, M, N, SCALING)
@@ -601,9 +601,11 @@ __all__ = [
     "fp8_gemm_blockwise_reference",
     "fp8_gemm_reference",
     "fp8_gemm_rowwise",
+    "fp8_gemm_unchecked",
     "fp8_gemm_v1",
     "fp8_path",
     "gemm_tolerance_report",
+    "grouped_tile",
     "magnitudes",
     "scaled_mm",
     "tma_ok",
