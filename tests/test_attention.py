@@ -1,0 +1,101 @@
+"""kernels.attention: the FlashAttention-style forward against float64 attention and PyTorch's own, with
+the hazards of attention's numerics (fully masked rows, large scores, long rows) made to happen."""
+
+import pytest
+import torch
+
+from kernels import attention as A
+from kernels.device import default_device
+
+DEVICE = default_device()
+ATOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}  # the output's own rounding, for O(1) values
+
+
+def _qkv(b, h, n_q, n_k, d, dtype=torch.bfloat16, seed=0, q_scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n_q, d, generator=g) * q_scale
+    k = torch.randn(b, h, n_k, d, generator=g)
+    v = torch.randn(b, h, n_k, d, generator=g)
+    return (t.to(dtype).to(DEVICE) for t in (q, k, v))
+
+
+def _check(o, lse, ref_o, ref_lse, dtype):
+    err = (o.double() - ref_o).abs().max().item()
+    assert not torch.isnan(o).any()
+    assert err <= ATOL[dtype], err
+    visible = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), visible), "a row is -inf in one and finite in the other"
+    assert (lse.double()[visible] - ref_lse[visible]).abs().max().item() <= 1e-5 * (1 + ref_lse[visible].abs().max())
+
+
+SHAPES = [(1, 2, 70, 70, 64), (2, 1, 33, 100, 32), (1, 1, 100, 40, 16), (1, 1, 5, 129, 128)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_against_float64(shape, causal, dtype):
+    q, k, v = _qkv(*shape, dtype=dtype, seed=sum(shape))
+    o, lse = A.flash_attention(q, k, v, causal, return_lse=True)
+    ref_o, ref_lse = A.attention_reference(q, k, v, causal)
+    assert o.dtype == dtype and o.shape == q.shape
+    _check(o, lse, ref_o, ref_lse, dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_mask_is_pytorchs(causal):
+    q, k, v = _qkv(1, 2, 48, 48, 32, dtype=torch.float16, seed=3)
+    ours = A.flash_attention(q, k, v, causal).double()
+    torch_sdpa = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    assert (ours - torch_sdpa.double()).abs().max().item() <= ATOL[torch.float16]
+
+
+def test_a_fully_masked_row_gives_zeros_where_a_naive_softmax_gives_nan():
+    q, k, v = _qkv(1, 1, 50, 20, 16, seed=4)
+    o, lse = A.flash_attention(q, k, v, "bottom_right", return_lse=True)
+    visible = A.causal_mask(50, 20, "bottom_right", DEVICE)
+    hidden = ~visible.any(dim=1)  # key j <= i - 30: the first 30 queries see nothing
+    assert int(hidden.sum()) == 30
+    assert bool((o[0, 0, hidden] == 0).all()) and bool(torch.isneginf(lse[0, 0, hidden]).all())
+    scores = (q.float() @ k.float().transpose(-1, -2)).masked_fill(~visible, -torch.inf)
+    naive = torch.softmax(scores, dim=-1) @ v.float()
+    assert bool(torch.isnan(naive[0, 0, hidden]).all()), "the smell: NaN in the first rows"
+
+
+def test_large_scores_do_not_overflow():
+    q, k, v = _qkv(1, 1, 64, 64, 64, seed=5, q_scale=30.0)  # scores in the hundreds: exp overflows fp32
+    o, lse = A.flash_attention(q, k, v, True, return_lse=True)
+    ref_o, ref_lse = A.attention_reference(q, k, v, True)
+    _check(o, lse, ref_o, ref_lse, torch.bfloat16)
+
+
+def test_a_long_row_keeps_its_sum():
+    """4096 keys of nearly equal score: l sums 4096 terms near 1.  In fp32 the kernel's sum is exact
+    enough; the same sum kept in bf16 stops at 256 (the spacing there, 2, swallows each 1)."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.zeros(1, 1, 16, 16).bfloat16().to(DEVICE)
+    k = (torch.randn(1, 1, 4096, 16, generator=g) * 1e-3).bfloat16().to(DEVICE)
+    v = torch.randn(1, 1, 4096, 16, generator=g).bfloat16().to(DEVICE)
+    o, lse = A.flash_attention(q, k, v, return_lse=True)
+    ref_o, ref_lse = A.attention_reference(q, k, v)
+    _check(o, lse, ref_o, ref_lse, torch.bfloat16)
+    stalled = torch.tensor(0.0, dtype=torch.bfloat16)
+    for _ in range(4096):
+        stalled = stalled + torch.tensor(1.0, dtype=torch.bfloat16)
+    assert float(stalled) == 256.0
+
+
+def test_bad_arguments():
+    q, k, v = _qkv(1, 1, 8, 8, 16)
+    with pytest.raises(ValueError, match="causal must be"):
+        A.flash_attention(q, k, v, causal="upper")
+    with pytest.raises(TypeError, match="q must be bfloat16 or float16"):
+        A.flash_attention(q.float(), k, v)
+    with pytest.raises(TypeError, match="share a dtype"):
+        A.flash_attention(q, k.half(), v.half())
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        A.flash_attention(q[..., :12], k[..., :12], v[..., :12])
+    with pytest.raises(ValueError, match=r"must be \(batch, heads, sequence, head_dim\)"):
+        A.flash_attention(q[0], k[0], v[0])
+    with pytest.raises(ValueError, match="k and v must match"):
+        A.flash_attention(q, k, v[:, :, :4])
