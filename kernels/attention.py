@@ -2,7 +2,7 @@
 float64 reference it is checked against.
 
 Chapter 7 (inference in low precision), no lab yet.  Entry points: :func:`flash_attention`,
-:func:`attention_reference`, :func:`causal_mask`.
+:func:`flash_attention_fp8`, :func:`attention_reference`, :func:`causal_mask`.
 
 ``O = softmax(Q K^T * scale + mask) V`` for ``Q`` ``(B, H, N_q, D)``, ``K`` and ``V`` ``(B, H, N_k, D)``
 in bf16 or fp16.  The kernel never forms the ``N_q x N_k`` matrix: each program owns ``BLOCK_M`` query
@@ -41,8 +41,12 @@ CAUSAL = {False: 0, True: 1, "top_left": 1, "bottom_right": 2}
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634
-GPU_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-CPU_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32}
+# The same tiles on both lanes (the order of the online softmax's updates follows the key blocks).
+BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 64}
+GPU_LAUNCH = {"num_warps": 8, "num_stages": 3}
+FP8_BLOCK = 64  # rows of Q, K and V that share one FP8 scale; also the FP8 kernel's tiles
+FP8_GPU_LAUNCH = {"num_warps": 4, "num_stages": 3}
+P_SCALE = 256.0  # P in [0, 1] is cast to E4M3 as 256 P (exact: a power of two), keeping P >= 2^-17
 
 
 @triton.jit
@@ -122,11 +126,108 @@ def flash_attention(q, k, v, causal=False, scale: float | None = None, return_ls
     o = torch.empty_like(q)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=q.device)
     if o.numel():
-        cfg = CPU_CONFIG if kernels.INTERPRETER else GPU_CONFIG
-        grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), b * h)
-        _attn_fwd_kernel[grid](q, k, v, o, lse, n_q, n_k, scale * LOG2E, D=d, CAUSAL=CAUSAL[causal], **cfg)
+        launch = {} if kernels.INTERPRETER else GPU_LAUNCH
+        grid = (triton.cdiv(n_q, BLOCKS["BLOCK_M"]), b * h)
+        _attn_fwd_kernel[grid](q, k, v, o, lse, n_q, n_k, scale * LOG2E, D=d, CAUSAL=CAUSAL[causal], **BLOCKS, **launch)
     if return_lse:
         return o, lse / LOG2E
+    return o
+
+
+@triton.jit
+def _attn_fwd_fp8_kernel(
+    q_ptr, sq_ptr, k_ptr, sk_ptr, vt_ptr, sv_ptr, o_ptr, N_Q, N_K, NQ_PAD, NK_PAD, qk_scale,
+    D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr, P_SCALE: tl.constexpr,
+):  # fmt: skip
+    # The bf16 kernel's loop with FP8 operands: Q and K codes (E4M3, one scale per BLOCK rows) for the
+    # scores, 256 P (E4M3) and V's codes (one scale per BLOCK keys, stored transposed so that both
+    # operands of P V are K-major, as FP8 tensor cores want) for the output.  Each block's two products
+    # come out of the tensor cores in fp32 and are scaled there, so the scales never meet a code.
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
+    offs_n = tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + bh * NQ_PAD * D + offs_m[:, None] * D + offs_d[None, :])  # padded: no mask
+    sq = tl.load(sq_ptr + bh * (NQ_PAD // BLOCK) + pid_m)
+    m_i = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK], dtype=tl.float32)
+    acc = tl.zeros([BLOCK, D], dtype=tl.float32)
+    shift = 0 if CAUSAL != 2 else N_K - N_Q
+    hi = N_K
+    if CAUSAL != 0:
+        hi = tl.minimum(N_K, tl.maximum((pid_m + 1) * BLOCK + shift, 0))
+    for start_n in range(0, hi, BLOCK):
+        cols = start_n + offs_n
+        kb = start_n // BLOCK
+        k = tl.load(k_ptr + bh * NK_PAD * D + cols[:, None] * D + offs_d[None, :])
+        sk = tl.load(sk_ptr + bh * (NK_PAD // BLOCK) + kb)
+        s = tl.dot(q, k.T) * (sq * sk * qk_scale)
+        visible = cols[None, :] < N_K
+        if CAUSAL != 0:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - base)
+        p = tl.exp2(s - base[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(vt_ptr + bh * D * NK_PAD + offs_d[:, None] * NK_PAD + cols[None, :])  # (D, BLOCK)
+        sv = tl.load(sv_ptr + bh * (NK_PAD // BLOCK) + kb)
+        pv = tl.dot((p * P_SCALE).to(vt.dtype), vt.T)  # (BLOCK, D), fp32
+        acc = acc * alpha[:, None] + pv * (sv / P_SCALE)
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(o_ptr + bh * N_Q * D + offs_m[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=offs_m[:, None] < N_Q)  # fmt: skip
+
+
+def _blocks_fp8(x: torch.Tensor, block: int) -> tuple:
+    """E4M3 codes of ``x`` ``(B, H, N, D)`` with one scale per ``block`` rows of each head (the
+    sequence padded with zeros to a multiple of ``block``): chapter 2's rowwise quantizer applied to
+    the flattened blocks.  Returns ``(codes (B, H, N_pad, D), scales (B * H * N_pad / block,))``."""
+    from kernels import quantize as Q
+
+    b, h, n, d = x.shape
+    n_pad = triton.cdiv(max(n, 1), block) * block
+    padded = torch.zeros((b, h, n_pad, d), dtype=x.dtype, device=x.device)
+    padded[:, :, :n] = x
+    codes, s = Q.quantize_rowwise(padded.reshape(-1, block * d), "e4m3")
+    return codes.reshape(b, h, n_pad, d), s.reshape(-1)
+
+
+def flash_attention_fp8(q, k, v, causal=False, scale: float | None = None, hadamard: bool = False, seed: int = 0):
+    """:func:`flash_attention` with both products in FP8 (E4M3): Q, K and V quantized in blocks of
+    :data:`FP8_BLOCK` rows along the sequence, each with its own scale, P cast to E4M3 as ``256 P``; the
+    output in q's dtype.  ``hadamard``: rotate Q and K along the head dimension by the same random
+    orthonormal Hadamard matrix first (``(Q R)(K R)^T = Q K^T``; blocks of up to 128 of the head's
+    channels, :data:`kernels.hadamard.HADAMARD_BLOCKS`), which spreads an outlier channel over its block and lowers each block's amax relative to its typical value (FlashAttention-3's incoherent
+    processing)."""
+    if causal not in CAUSAL:
+        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    q, k, v = _check_qkv(q, k, v)
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if hadamard:
+        from kernels import hadamard as HD
+
+        block = max(b for b in HD.HADAMARD_BLOCKS if d % b == 0)  # the whole head, or blocks of it
+        signs = HD.random_signs(block, seed, device=q.device)
+        q, k = HD.hadamard_rotate(q, block, signs), HD.hadamard_rotate(k, block, signs)
+    o = torch.empty_like(q)
+    if o.numel() == 0:
+        return o
+    q8, sq = _blocks_fp8(q, FP8_BLOCK)
+    k8, sk = _blocks_fp8(k, FP8_BLOCK)
+    v8, sv = _blocks_fp8(v, FP8_BLOCK)
+    vt = v8.transpose(2, 3).contiguous()  # (B, H, D, N_pad): codes moved, not requantized
+    launch = {} if kernels.INTERPRETER else FP8_GPU_LAUNCH
+    grid = (triton.cdiv(n_q, FP8_BLOCK), b * h)
+    _attn_fwd_fp8_kernel[grid](
+        q8, sq, k8, sk, vt, sv, o, n_q, n_k, q8.shape[2], k8.shape[2], scale * LOG2E,
+        D=d, CAUSAL=CAUSAL[causal], BLOCK=FP8_BLOCK, P_SCALE=P_SCALE, **launch,
+    )  # fmt: skip
     return o
 
 
@@ -153,4 +254,12 @@ def attention_reference(q, k, v, causal=False, scale: float | None = None, dtype
     return p @ v.to(dtype), lse
 
 
-__all__ = ["CAUSAL", "HEAD_DIMS", "attention_reference", "causal_mask", "flash_attention"]
+__all__ = [
+    "CAUSAL",
+    "FP8_BLOCK",
+    "HEAD_DIMS",
+    "attention_reference",
+    "causal_mask",
+    "flash_attention",
+    "flash_attention_fp8",
+]
