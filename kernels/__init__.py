@@ -27,7 +27,7 @@ name with ``python -m kernels.bench``).
   Checks: ``lab06``.  Tests: ``test_fp4``, ``test_w4a16``, ``test_hadamard``, ``test_checks_lab06``.
   Benchmarks: ``fp4``.
 * Chapter 7, inference in low precision (being written).  No lab yet.  Kernels: ``int8``, ``attention``.  No
-  checks.  Tests: ``test_int8``, ``test_attention``.  No benchmarks.
+  checks.  Tests: ``test_int8``, ``test_attention``.  Benchmarks: ``inference``.
 * Appendix A, CPU mode.  No lab.  Kernels: ``_interpreter``, ``_hopper_math``, ``hopper_mma``,
   ``_jit_rules``.  No checks.  Tests: ``test_interpreter``, ``test_hopper_math``, ``test_hopper_mma``,
   ``test_jit_rules``.  No benchmarks.

@@ -201,7 +201,8 @@ def flash_attention_fp8(q, k, v, causal=False, scale: float | None = None, hadam
     :data:`FP8_BLOCK` rows along the sequence, each with its own scale, P cast to E4M3 as ``256 P``; the
     output in q's dtype.  ``hadamard``: rotate Q and K along the head dimension by the same random
     orthonormal Hadamard matrix first (``(Q R)(K R)^T = Q K^T``; blocks of up to 128 of the head's
-    channels, :data:`kernels.hadamard.HADAMARD_BLOCKS`), which spreads an outlier channel over its block and lowers each block's amax relative to its typical value (FlashAttention-3's incoherent
+    channels, :data:`kernels.hadamard.HADAMARD_BLOCKS`), which spreads an outlier channel over its block
+    and lowers each block's amax relative to its typical value (FlashAttention-3's incoherent
     processing)."""
     if causal not in CAUSAL:
         raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
