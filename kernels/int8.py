@@ -380,12 +380,15 @@ def w8a8_matmul(a, b, a_scale, b_scale, bias=None, out_dtype=torch.bfloat16) -> 
         return c
     args = (a, b, c, sa, sb, bias if bias is not None else sa, m, n, k)
     meta = {"SA_ROWS": sa_rows, "SB_COLS": sb_cols, "HAS_BIAS": bias is not None}
+    # enable_fp_fusion=False: the epilogue's multiplies and the bias add are rounded apart, as in the
+    # reference (a fused multiply-add would round once where PyTorch rounds twice).
     if kernels.INTERPRETER:
         cfg = CPU_W8A8_CONFIG
         grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
-        _w8a8_kernel[grid](*args, **meta, **cfg)
+        _w8a8_kernel[grid](*args, **meta, **cfg, enable_fp_fusion=False)
     else:
-        _w8a8_tuned[lambda cfg: (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)](*args, **meta)
+        grid = lambda cfg: (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)  # noqa: E731
+        _w8a8_tuned[grid](*args, **meta, enable_fp_fusion=False)
     return c
 
 
