@@ -215,7 +215,7 @@ WRONG_SOLUTIONS = {
         "row-major order (the stub)": row_major_tile,
         "last group assumed full": unclipped_tile,
         "two programs on one tile": colliding_tile,
-        "kernel: grouped order sends two programs to one tile": (G._grouped_tile, student("tensor", BAD_ORDER)),
+        "kernel: grouped order sends two programs to one tile": (G.grouped_tile, student("tensor", BAD_ORDER)),
     },
     "q3": {
         "scales divided instead of multiplied": student("row", DIVIDE),
@@ -270,7 +270,7 @@ CHECKS = {
 
 REFERENCES = {
     "q1": G.fp8_gemm_v1,
-    "q2": (G._grouped_tile, lambda a, b, sa, sb: G.fp8_gemm(a, b, sa, sb, kernel="grouped")),
+    "q2": (G.grouped_tile, lambda a, b, sa, sb: G.fp8_gemm(a, b, sa, sb, kernel="grouped")),
     "q3": G.fp8_gemm_rowwise,
     "q4": G.fp8_gemm_blockwise,
     "q5": lambda x, w: L.fp8_linear(x, w, None, L.FP8Recipe(granularity="row")),
@@ -291,7 +291,7 @@ def test_reference_passes(question, capsys):
 
 @pytest.mark.parametrize("question", sorted(CHECKS))
 def test_student_style_correct_kernel_passes(question):
-    fn = {"q1": student("tensor"), "q2": (G._grouped_tile, student("tensor")), "q3": student("row")}.get(question)
+    fn = {"q1": student("tensor"), "q2": (G.grouped_tile, student("tensor")), "q3": student("row")}.get(question)
     fn = fn or {"q4": student("block")}.get(question)
     if fn is None:
         fn = {"q5": make_linear(), "q6": swap_right}[question]
