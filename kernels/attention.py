@@ -50,6 +50,33 @@ P_SCALE = 256.0  # P in [0, 1] is cast to E4M3 as 256 P (exact: a power of two),
 
 
 @triton.jit
+def _key_range(start_m, BLOCK_M: tl.constexpr, N_Q, N_K, CAUSAL: tl.constexpr):
+    """``(shift, hi)``: key j is visible to query i if j <= i + shift (causal), and no key block from
+    ``hi`` on holds a key visible to rows start_m .. start_m + BLOCK_M - 1."""
+    shift = 0 if CAUSAL != 2 else N_K - N_Q
+    hi = N_K
+    if CAUSAL != 0:  # no key block beyond the last row's diagonal
+        hi = tl.minimum(N_K, tl.maximum(start_m + BLOCK_M + shift, 0))
+    return shift, hi
+
+
+@triton.jit
+def _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL: tl.constexpr):
+    """One key block of the online softmax: mask the scores ``s`` (log2 units), move the running maximum,
+    and return ``(p, alpha, m_new, l_new)``, where the caller rescales its accumulator by ``alpha`` and
+    adds ``p V``.  A row with nothing visible yet takes its exponentials against 0, not -inf."""
+    visible = cols[None, :] < N_K
+    if CAUSAL != 0:
+        visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    base = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - base)
+    p = tl.exp2(s - base[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
 def _attn_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, N_Q, N_K, qk_scale,
     D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -63,23 +90,12 @@ def _attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    shift = 0 if CAUSAL != 2 else N_K - N_Q  # key j is visible to query i if j <= i + shift
-    hi = N_K
-    if CAUSAL != 0:  # no key block beyond the last row's diagonal
-        hi = tl.minimum(N_K, tl.maximum(start_m + BLOCK_M + shift, 0))
+    shift, hi = _key_range(start_m, BLOCK_M, N_Q, N_K, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         k = tl.load(k_ptr + bh * N_K * D + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
         s = tl.dot(q, k.T) * qk_scale  # fp32 scores, in log2 units
-        visible = cols[None, :] < N_K
-        if CAUSAL != 0:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        base = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
-        alpha = tl.exp2(m_i - base)
-        p = tl.exp2(s - base[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL)
         v = tl.load(v_ptr + bh * N_K * D + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -112,17 +128,22 @@ def _check_qkv(q, k, v):
     return q.contiguous(), k.contiguous(), v.contiguous()
 
 
+def _check_args(q, k, v, causal, scale) -> tuple:
+    """What both forwards check and default: ``(q, k, v, scale)``, contiguous, scale 1/sqrt(head_dim)."""
+    if causal not in CAUSAL:
+        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    q, k, v = _check_qkv(q, k, v)
+    return q, k, v, 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+
+
 def flash_attention(q, k, v, causal=False, scale: float | None = None, return_lse: bool = False):
     """Attention forward without the score matrix in memory (see the module docstring): ``O`` in q's
     dtype, and with ``return_lse`` the natural-log log-sum-exp of each row's scores (fp32,
     ``(B, H, N_q)``; ``-inf`` for a row with every key masked).  ``scale`` defaults to
     ``1 / sqrt(head_dim)``."""
-    if causal not in CAUSAL:
-        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
-    q, k, v = _check_qkv(q, k, v)
+    q, k, v, scale = _check_args(q, k, v, causal, scale)
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     o = torch.empty_like(q)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=q.device)
     if o.numel():
@@ -153,25 +174,14 @@ def _attn_fwd_fp8_kernel(
     m_i = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK], dtype=tl.float32)
     acc = tl.zeros([BLOCK, D], dtype=tl.float32)
-    shift = 0 if CAUSAL != 2 else N_K - N_Q
-    hi = N_K
-    if CAUSAL != 0:
-        hi = tl.minimum(N_K, tl.maximum((pid_m + 1) * BLOCK + shift, 0))
+    shift, hi = _key_range(pid_m * BLOCK, BLOCK, N_Q, N_K, CAUSAL)
     for start_n in range(0, hi, BLOCK):
         cols = start_n + offs_n
         kb = start_n // BLOCK
         k = tl.load(k_ptr + bh * NK_PAD * D + cols[:, None] * D + offs_d[None, :])
         sk = tl.load(sk_ptr + bh * (NK_PAD // BLOCK) + kb)
         s = tl.dot(q, k.T) * (sq * sk * qk_scale)
-        visible = cols[None, :] < N_K
-        if CAUSAL != 0:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        base = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - base)
-        p = tl.exp2(s - base[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL)
         vt = tl.load(vt_ptr + bh * D * NK_PAD + offs_d[:, None] * NK_PAD + cols[None, :])  # (D, BLOCK)
         sv = tl.load(sv_ptr + bh * (NK_PAD // BLOCK) + kb)
         pv = tl.dot((p * P_SCALE).to(vt.dtype), vt.T)  # (BLOCK, D), fp32
@@ -204,12 +214,9 @@ def flash_attention_fp8(q, k, v, causal=False, scale: float | None = None, hadam
     channels, :data:`kernels.hadamard.HADAMARD_BLOCKS`), which spreads an outlier channel over its block
     and lowers each block's amax relative to its typical value (FlashAttention-3's incoherent
     processing)."""
-    if causal not in CAUSAL:
-        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
-    q, k, v = _check_qkv(q, k, v)
+    q, k, v, scale = _check_args(q, k, v, causal, scale)
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if hadamard:
         from kernels import hadamard as HD
 
