@@ -39,6 +39,46 @@ def test_w4a16_matches_dequantize_then_matmul(fmt, m, n, k, config, fast):
         assert torch.equal(wd.float(), fp4.dequantize_fp4_reference(wq).cpu().to(DEVICE)), "not exact in bf16"
 
 
+@pytest.mark.parametrize("fmt", list(fp4.FORMATS))
+@pytest.mark.parametrize("m", [127, 128])
+def test_w4a16_server_batches_and_odd_tiles(fmt, m):
+    # The largest batches the kernel serves, an odd one among them, with N not a multiple of any tile
+    # (200) and K not a multiple of the CPU tile's 64 (160): every tail masked.
+    g = torch.Generator().manual_seed(m)
+    w = torch.randn(200, 160, generator=g).to(DEVICE)
+    a = torch.randn(m, 160, generator=g).to(torch.bfloat16).to(DEVICE)
+    wq = fp4.quantize_fp4(w, fmt)
+    got = w4a16.w4a16_matmul(a, wq)
+    want = w4a16.w4a16_matmul_reference(a, wq)
+    c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name=f"w4a16 {fmt}, M = {m}")
+    print(c.report.splitlines()[0])
+    assert c.ok, c.report
+
+
+@pytest.mark.parametrize("fmt", list(fp4.FORMATS))
+@pytest.mark.parametrize("m", [3, 16, 33])
+def test_w4a16_nan_and_inf_in_activations_propagate(fmt, m):
+    # A NaN activation makes its whole output row NaN; an infinite one makes the row +-inf where the
+    # weights it meets are nonzero and NaN where a weight is zero (inf * 0), as dequantize-then-matmul does.
+    g = torch.Generator().manual_seed(7 + m)
+    w = torch.randn(48, 128, generator=g)
+    w[5, :] = 0.0  # an all-zero output channel: inf * 0 = NaN in it
+    wq = fp4.quantize_fp4(w.to(DEVICE), fmt)
+    a = torch.randn(m, 128, generator=g)
+    a[0, 3] = float("nan")
+    a[m - 1, 10] = float("inf")  # the rows between stay finite
+    a = a.to(torch.bfloat16).to(DEVICE)
+    got = w4a16.w4a16_matmul(a, wq).float().cpu()
+    want = w4a16.w4a16_matmul_reference(a, wq).float().cpu()
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN in different places than dequantize-then-matmul"
+    assert torch.equal(torch.isinf(got), torch.isinf(want)), "inf in different places than dequantize-then-matmul"
+    assert torch.isnan(got[0]).all(), "a NaN activation must poison its whole row"
+    assert torch.equal(got[torch.isinf(want)], want[torch.isinf(want)]), "an infinity with the wrong sign"
+    finite = torch.isfinite(want)
+    c = compare(got[finite], want[finite], atol=2e-2 * want[finite].abs().max().item(), rtol=1e-2, name="finite part")
+    assert c.ok, c.report
+
+
 def test_w4a16_leading_dims_and_errors():
     w = fp4.quantize_mxfp4(torch.randn(32, 64, device=DEVICE))
     a = torch.randn(2, 3, 64, device=DEVICE).to(torch.bfloat16)
