@@ -32,6 +32,10 @@ without kernels having to avoid them.  What "correct" means was measured, not as
   approximate when compiled (``div.full``, the special-function unit, libdevice polynomials); here
   they give the same bits (:mod:`kernels._hopper_math`), while ``tl.math.div_rn`` and ``tl.sqrt_rn``
   stay correctly rounded.  fp32 ``tl.fma`` rounds once.
+* ``tl.extra.libdevice``: compiled Triton links NVIDIA's libdevice; the interpreter has none and its stubs
+  return None.  The exact functions (``rint``, ``round``, ``trunc``, ``floor``, ``ceil``, ``abs``,
+  ``nearbyint``, ``copysign``) are computed here, with libdevice's flush of fp32 subnormal inputs; the
+  others are libdevice approximations, and CPU mode refuses them by name.
 * Reductions and scans (``tl.sum``, ``tl.max``, ``tl.cumsum``...) of bf16 and fp8 compare and add
   values, not bit patterns; sums are taken in fp32 and rounded once, where the GPU rounds at each
   step of its tree, so such a sum can differ in its last bit.
@@ -274,6 +278,79 @@ def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     return _interp.TensorHandle(_encode(acc, fd), d.dtype.scalar)
 
 
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    """libdevice's ``round``: to the nearest integer, ties away from zero (``x - trunc(x)`` is exact)."""
+    t = np.trunc(x)
+    return np.where(np.abs(x - t) >= 0.5, t + np.copysign(np.ones_like(x), x), t).astype(x.dtype)
+
+
+# The libdevice functions whose GPU result is exact (no rounding, or a choice among representable values),
+# so numpy gives the same bits; the others (exp, sin, pow, ...) are libdevice polynomials that CPU mode
+# would only approximate, and it says so instead of returning something else.
+LIBDEVICE_EXACT = {
+    "rint": np.rint,
+    "nearbyint": np.rint,
+    "round": _round_half_away,
+    "trunc": np.trunc,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "fabs": np.abs,  # libdevice.abs of a float
+    "abs": np.abs,  # of an int32
+    "llabs": np.abs,  # of an int64
+    "copysign": np.copysign,
+}
+
+
+# Triton links libdevice with __CUDA_FTZ set, so its fp32 functions read a subnormal input as a zero of the
+# same sign (ceil(1e-45) is 0, not 1); copysign moves bits and flushes nothing.
+_LIBDEVICE_FTZ = ("rint", "nearbyint", "round", "trunc", "floor", "ceil", "fabs")
+
+
+def _create_extern_elementwise(self, libName, libPath, symbol, argList, retType, isPure):
+    name = symbol.removeprefix("__nv_")
+    if name not in LIBDEVICE_EXACT and name.endswith("f") and name[:-1] in LIBDEVICE_EXACT:
+        name = name[:-1]
+    fn = LIBDEVICE_EXACT.get(name)
+    if fn is None:
+        raise NotImplementedError(
+            f"tl.extra.libdevice's {symbol} has no bit-exact version in CPU mode (on the GPU it is a libdevice "
+            f"approximation); CPU mode runs {', '.join(sorted(LIBDEVICE_EXACT))}"
+        )
+    args = [a.data for a in argList]
+    if name in _LIBDEVICE_FTZ and args[0].dtype == np.float32:
+        tiny = np.abs(args[0]) < np.float32(2.0**-126)
+        args[0] = np.where(tiny, np.copysign(np.float32(0), args[0]), args[0]).astype(np.float32)
+    data = fn(*args)
+    return _interp.TensorHandle(np.asarray(data).astype(argList[0].data.dtype), argList[0].dtype.scalar)
+
+
+def _libdevice_stubs() -> dict:
+    """``{name: stub}`` of ``tl.extra.libdevice`` that the CUDA backend implements.  Compiled Triton swaps
+    that module for the backend's; the interpreter calls the stubs, which return None."""
+    from triton.language.extra import cuda, libdevice
+
+    return {
+        name: stub
+        for name, stub in vars(libdevice).items()
+        if callable(stub) and not name.startswith("_") and hasattr(cuda.libdevice, name)
+    }
+
+
+def _interpreted_libdevice(name: str, stub):
+    import functools
+
+    from triton.language.extra import cuda
+
+    @functools.wraps(stub)  # keeps __module__ and __name__: compiled Triton still maps it to the backend's
+    def call(*args):
+        return getattr(cuda.libdevice, name)(*args, _semantic=_interp.interpreter_semantic)
+
+    return call
+
+
+_LIBDEVICE_ORIGINAL = {}
+
+
 _PATCHES = {
     "cast_impl": _cast_impl,
     "create_fp_to_fp": _create_fp_to_fp,
@@ -285,6 +362,7 @@ _PATCHES = {
     "create_fdiv": _create_fdiv,
     "create_maxnumf": _create_maxnumf,
     "create_minnumf": _create_minnumf,
+    "create_extern_elementwise": _create_extern_elementwise,
     **{f"create_{op}": _approximate(op) for op in _hopper_math.UNARY},
 }
 
@@ -384,6 +462,11 @@ def install() -> None:
     for (cls, name), fn in _OP_PATCHES.items():
         _ORIGINAL_OPS[name] = getattr(cls, name)
         setattr(cls, name, fn)
+    from triton.language.extra import libdevice
+
+    for name, stub in _libdevice_stubs().items():
+        _LIBDEVICE_ORIGINAL[name] = stub
+        setattr(libdevice, name, _interpreted_libdevice(name, stub))
 
 
 def uninstall() -> None:
@@ -395,9 +478,15 @@ def uninstall() -> None:
     for (cls, name), _fn in _OP_PATCHES.items():
         if name in _ORIGINAL_OPS:
             setattr(cls, name, _ORIGINAL_OPS.pop(name))
+    from triton.language.extra import libdevice
+
+    for name, stub in _LIBDEVICE_ORIGINAL.items():
+        setattr(libdevice, name, stub)
+    _LIBDEVICE_ORIGINAL.clear()
 
 
 __all__ = [
+    "LIBDEVICE_EXACT",
     "TESTED_TRITON",
     "convert",
     "install",

@@ -200,3 +200,57 @@ def test_bf16_sum_is_rounded_once_from_fp32():
     ulps = 1 if kernels.INTERPRETER else 8
     assert abs(out[0].item() - exact) <= ulps * 2.0 ** (int(np.floor(np.log2(exact))) - 7)
     assert out[1].item() == x.max().item() and out[2].item() == x.min().item()
+
+
+@triton.jit
+def _libdevice_kernel(x_ptr, y_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(x_ptr + offs)
+    y = tl.load(y_ptr + offs)
+    tl.store(out_ptr + offs, tl.extra.libdevice.rint(x))
+    tl.store(out_ptr + N + offs, tl.extra.libdevice.round(x))
+    tl.store(out_ptr + 2 * N + offs, tl.extra.libdevice.trunc(x))
+    tl.store(out_ptr + 3 * N + offs, tl.extra.libdevice.floor(x))
+    tl.store(out_ptr + 4 * N + offs, tl.extra.libdevice.ceil(x))
+    tl.store(out_ptr + 5 * N + offs, tl.extra.libdevice.abs(x))
+    tl.store(out_ptr + 6 * N + offs, tl.extra.libdevice.nearbyint(x))
+    tl.store(out_ptr + 7 * N + offs, tl.extra.libdevice.copysign(x, y))
+
+
+def test_exact_libdevice_functions_give_the_same_bits_on_both_lanes():
+    """rint, round, trunc, floor, ceil, abs, nearbyint and copysign on ties, signed zeros, the largest
+    fp32 values, infinities and NaN: exact operations, so CPU mode (numpy) and the GPU (libdevice) must
+    agree bit for bit; NaN results are compared as NaN, whatever their payload.  Triton links libdevice
+    with flush-to-zero on, so a subnormal input is a signed zero to all but copysign."""
+    ties = [k + 0.5 for k in range(-4, 4)]
+    special = [0.0, -0.0, 0.49999997, -0.49999997, 1.0000001, 2.0**23 + 1, -(2.0**24), 3.4e38, float("inf"),
+               float("-inf"), float("nan"), 1e-45, -1e-45, 7.7, -7.7, 1e10, -1e-39]  # fmt: skip
+    x = torch.tensor(ties + special + [0.3] * 7, dtype=torch.float32)
+    y = torch.tensor([1.0, -1.0, float("nan"), -0.0] * 8, dtype=torch.float32)
+    n = x.numel()
+    out = torch.empty(8 * n, dtype=torch.float32, device=default_device())
+    _libdevice_kernel[(1,)](x.to(out.device), y.to(out.device), out, N=n)
+    got = out.cpu().numpy().reshape(8, n)
+    xs, ys = x.numpy(), y.numpy()
+    flushed = np.where(np.abs(xs) < 2.0**-126, np.copysign(np.float32(0), xs), xs).astype(np.float32)
+    copysign = np.copysign(xs, ys)
+    xs = flushed
+    t = np.trunc(xs)
+    away = np.where(np.abs(xs - t) >= 0.5, t + np.copysign(np.float32(1), xs), t).astype(np.float32)
+    want = np.stack([np.rint(xs), away, t, np.floor(xs), np.ceil(xs), np.abs(xs), np.rint(xs), copysign])
+    names = ["rint", "round", "trunc", "floor", "ceil", "abs", "nearbyint", "copysign"]
+    for name, g, w in zip(names, got, want, strict=True):
+        both_nan = np.isnan(g) & np.isnan(w)
+        bad = np.flatnonzero((g.view(np.uint32) != w.view(np.uint32)) & ~both_nan)
+        assert bad.size == 0, first_mismatches(x.numpy(), g, w, bad, what=f"libdevice.{name}")
+
+
+@pytest.mark.skipif(not kernels.INTERPRETER, reason="compiled Triton has every libdevice function")
+def test_an_inexact_libdevice_function_is_refused_by_name_in_cpu_mode():
+    @triton.jit
+    def kernel(x_ptr):
+        offs = tl.arange(0, 4)
+        tl.store(x_ptr + offs, tl.extra.libdevice.exp(tl.load(x_ptr + offs)))
+
+    with pytest.raises(Exception, match="__nv_expf has no bit-exact version in CPU mode"):
+        kernel[(1,)](torch.ones(4))
