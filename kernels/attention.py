@@ -263,9 +263,11 @@ def attention_reference(q, k, v, causal=False, scale: float | None = None, dtype
 
 
 __all__ = [
+    "BLOCKS",
     "CAUSAL",
     "FP8_BLOCK",
     "HEAD_DIMS",
+    "P_SCALE",
     "attention_reference",
     "causal_mask",
     "flash_attention",
