@@ -1,7 +1,7 @@
 """Attention's numerics: a FlashAttention-style forward kernel with its softmax state in fp32, and the
 float64 reference it is checked against.
 
-Chapter 7 (inference in low precision), no lab yet.  Entry points: :func:`flash_attention`,
+Chapter 7 (inference in low precision) and Lab 07 (its attention questions).  Entry points: :func:`flash_attention`,
 :func:`flash_attention_fp8`, :func:`attention_reference`, :func:`causal_mask`.
 
 ``O = softmax(Q K^T * scale + mask) V`` for ``Q`` ``(B, H, N_q, D)``, ``K`` and ``V`` ``(B, H, N_k, D)``

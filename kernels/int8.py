@@ -1,7 +1,7 @@
 """INT8 for inference: symmetric scales per tensor, per token or per channel, calibration, SmoothQuant, and
 a W8A8 GEMM that accumulates in int32 and dequantizes in its epilogue.
 
-Chapter 7 (inference in low precision), no lab yet.  Entry points: :func:`quantize_int8`,
+Chapter 7 (inference in low precision) and Lab 07 (its INT8 questions).  Entry points: :func:`quantize_int8`,
 :func:`quantize_int8_with_scale`, :func:`dequantize_int8`, :func:`calibrate_amax`,
 :func:`smoothquant_scales`, :func:`smooth`, :func:`w8a8_matmul`, with plain-PyTorch references beside
 them (:func:`quantize_int8_reference`, :func:`quantize_int8_asymmetric_reference`,
