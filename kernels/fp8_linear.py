@@ -81,7 +81,11 @@ class FP8Recipe:
             if getattr(self, name) not in Q.FP8_FORMATS:
                 raise ValueError(f"{name} must be one of {list(Q.FP8_FORMATS)}, got {getattr(self, name)!r}")
         if self.fwd_fmt == "e5m2":
-            raise ValueError("fwd_fmt must be 'e4m3': W is the B operand of every GEMM and one operand is e4m3")
+            raise ValueError(
+                "fwd_fmt must be 'e4m3': X and W are quantized to fwd_fmt, so the forward GEMM (X W^T) would "
+                "multiply two e5m2 operands, and so would both backward GEMMs with e5m2 gradients; an FP8 GEMM "
+                "takes one e4m3 operand at least (kernels.fp8_gemm, like cuBLAS, refuses e5m2 x e5m2)"
+            )
 
 
 # -- quantizing one operand ---------------------------------------------------------------------------

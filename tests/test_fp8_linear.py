@@ -168,6 +168,8 @@ def test_bad_arguments():
         L.FP8Recipe(granularity="mxfp8")
     with pytest.raises(ValueError, match="delayed"):
         L.FP8Recipe(granularity="row", scaling="delayed")
+    with pytest.raises(ValueError, match=r"fwd_fmt must be 'e4m3'.*two e5m2 operands"):
+        L.FP8Recipe(fwd_fmt="e5m2")
     with pytest.raises(TypeError, match="recipe"):
         L.FP8Linear(64, 32, recipe="tensor")
     with pytest.raises(ValueError, match="in_features"):
