@@ -1,11 +1,17 @@
-"""Lab 7's checks (q1-q3: INT8) pass the right answers and catch each wrong one with the right diagnosis.
+"""Lab 7's checks pass the right answers and catch each wrong one with the right diagnosis: q1-q3 (INT8:
+the quantizer, the W8A8 GEMM, SmoothQuant), q4 (attention in bf16) and q5 (attention in FP8).
 
-The quantizer and the GEMM are Triton kernels in the lab, so the wrong ones here are Triton kernels too,
-each with one switch away from a right kernel (``quantize_variant``, ``w8a8_variant``); SmoothQuant is
-plain PyTorch.  Every wrong solution must get the diagnosis that names its mistake and no other's.
+The quantizer, the GEMM and both attentions are Triton kernels in the lab, so the wrong ones here are Triton
+kernels too, each one switch away from a right kernel (``quantize_variant``, ``w8a8_variant``,
+``attention_variant``, ``attention_fp8_variant``); SmoothQuant is plain PyTorch.  Every wrong solution must
+get the diagnosis that names its mistake and no other's.  The right ones are written the ways different
+students write them; for attention: other tiles, exp or exp2, masks by tl.where or by an added -inf, a host
+loop over (batch, head) or a 2-D grid, strides; for q5 quantization on the host in torch or inside the
+kernel, Hadamard rotations in other blocks.
 """
 
 import math
+import re
 import runpy
 from pathlib import Path
 
@@ -16,12 +22,13 @@ import triton
 import triton.language as tl
 from _student import assert_student_solution_passes
 
-from kernels import _hopper_math, int8
+from kernels import _hopper_math, attention, hadamard, int8
 from kernels.checks import ExerciseNotDone, lab07, passes
 from kernels.device import default_device
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = default_device()
+LOG2E = 1.4426950408889634
 
 # -- q1: an INT8 quantizer kernel with a switch for each mistake ------------------------------------------
 
@@ -216,6 +223,183 @@ def smooth_variant(
     return x / s, w * s
 
 
+# -- q4: an attention kernel with a switch for each mistake -----------------------------------------------
+
+ATTN_MASK_RIGHT = tl.constexpr(0)  # what a masked score becomes, and which keys are masked
+ATTN_MASK_ZERO = tl.constexpr(1)
+ATTN_MASK_FLIPPED = tl.constexpr(2)
+ATTN_STATE_FP32 = tl.constexpr(0)  # where the online softmax keeps l and the accumulator
+ATTN_STATE_L_BF16 = tl.constexpr(1)
+ATTN_STATE_ACC_BF16 = tl.constexpr(2)
+
+
+@triton.jit
+def _attention_variant_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, N_Q, N_K, SHIFT, qk_scale, D: tl.constexpr, CAUSAL: tl.constexpr,
+    MASK: tl.constexpr, STATE: tl.constexpr, RESCALE: tl.constexpr, MAX_SUB: tl.constexpr,
+    GUARD: tl.constexpr, SCALE_Q: tl.constexpr, STORE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # exp2 with log2(e) folded into qk_scale; SCALE_Q multiplies a bf16 Q by it before the product (the
+    # older Triton tutorial's way) instead of the fp32 scores.
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + bh * N_Q * D + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < N_Q, other=0.0)
+    if SCALE_Q:
+        q = (q.to(tl.float32) * qk_scale).to(tl.bfloat16)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    if STATE == ATTN_STATE_L_BF16:
+        l_i = tl.zeros([BLOCK_M], dtype=tl.bfloat16)
+    else:
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if STATE == ATTN_STATE_ACC_BF16:
+        acc = tl.zeros([BLOCK_M, D], dtype=tl.bfloat16)
+    else:
+        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start_n in range(0, N_K, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(k_ptr + bh * N_K * D + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
+        v = tl.load(v_ptr + bh * N_K * D + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
+        s = tl.dot(q, k.T)
+        if not SCALE_Q:
+            s = s * qk_scale
+        if CAUSAL:
+            if MASK == ATTN_MASK_FLIPPED:
+                seen = cols[None, :] >= rows[:, None] + SHIFT
+            else:
+                seen = cols[None, :] <= rows[:, None] + SHIFT
+            s = tl.where(seen, s, 0.0 if MASK == ATTN_MASK_ZERO else float("-inf"))
+        s = tl.where(cols[None, :] < N_K, s, float("-inf"))  # the padding past N_K
+        if MAX_SUB:
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        else:
+            m_new = tl.zeros([BLOCK_M], dtype=tl.float32)
+        base = m_new
+        if GUARD:
+            base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - base)
+        if not (RESCALE and MAX_SUB):
+            alpha = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        p = tl.exp2(s - base[:, None])
+        l_i = (l_i.to(tl.float32) * alpha + tl.sum(p, axis=1)).to(l_i.dtype)
+        acc = (acc.to(tl.float32) * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)).to(acc.dtype)
+        m_i = m_new
+    l_f = l_i.to(tl.float32)
+    if GUARD:
+        l_f = tl.where(l_f == 0.0, 1.0, l_f)
+    out = acc.to(tl.float32) / l_f[:, None]
+    if STORE:
+        tl.store(o_ptr + bh * N_Q * D + rows[:, None] * D + offs_d[None, :], out.to(tl.bfloat16),
+                 mask=rows[:, None] < N_Q)  # fmt: skip
+
+
+def attention_variant(
+    q, k, v, causal=False, *, mask=0, state=0, rescale=True, max_sub=True, guard=True, scale_q=False,
+    store=True, scale_power=1.0, bottom_right=True, block_m=32, block_n=64,
+):  # fmt: skip
+    """q4 with a switch for each mistake; ``scale_power``: the scale is (1/sqrt(D))^scale_power (0: left
+    out, 2: applied twice); ``bottom_right=False``: "bottom_right" aligned as "top_left"."""
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    shift = n_k - n_q if causal == "bottom_right" and bottom_right else 0
+    o = torch.zeros_like(q)
+    qk_scale = (1.0 / math.sqrt(d)) ** scale_power * LOG2E
+    _attention_variant_kernel[(triton.cdiv(n_q, block_m), b * h)](
+        q.contiguous(), k.contiguous(), v.contiguous(), o, n_q, n_k, shift, qk_scale, D=d, CAUSAL=bool(causal),
+        MASK=mask, STATE=state, RESCALE=rescale, MAX_SUB=max_sub, GUARD=guard, SCALE_Q=scale_q, STORE=store,
+        BLOCK_M=block_m, BLOCK_N=block_n,
+    )  # fmt: skip
+    return o
+
+
+# -- q5: an FP8 attention kernel with a switch for each mistake ----------------------------------------------
+
+
+def quantize_blocks_torch(x, per_tensor=False):
+    """E4M3 codes (B, H, N_pad, D) and fp32 scales (B * H * N_pad / 64,) of x, one per block of 64 rows of
+    each head (or one for the whole tensor), the sequence padded with zeros."""
+    b, h, n, d = x.shape
+    n_pad = triton.cdiv(n, 64) * 64
+    xp = torch.zeros((b, h, n_pad, d), dtype=torch.float32, device=x.device)
+    xp[:, :, :n] = x.float()
+    blocks = xp.reshape(b, h, n_pad // 64, 64 * d)
+    amax = blocks.abs().amax(-1)  # (B, H, N_pad / 64)
+    if per_tensor:
+        amax = amax.max().expand_as(amax)
+    s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    codes = (blocks / s[..., None]).to(torch.float8_e4m3fn)
+    return codes.reshape(b, h, n_pad, d), s.reshape(-1).contiguous()
+
+
+@triton.jit
+def _attention_fp8_variant_kernel(
+    q_ptr, sq_ptr, k_ptr, sk_ptr, v_ptr, sv_ptr, o_ptr, N_Q, N_K, NQ_PAD, NK_PAD, SHIFT, qk_scale,
+    D: tl.constexpr, CAUSAL: tl.constexpr, P_SCALE: tl.constexpr, USE_SK: tl.constexpr, USE_SV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # Tiles of 64 query rows (one Q scale); key blocks of BLOCK_N (64 or 32), each within one K/V scale block.
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rows = pid_m * 64 + tl.arange(0, 64)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + bh * NQ_PAD * D + rows[:, None] * D + offs_d[None, :])
+    sq = tl.load(sq_ptr + bh * (NQ_PAD // 64) + pid_m)
+    m_i = tl.full([64], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([64], dtype=tl.float32)
+    acc = tl.zeros([64, D], dtype=tl.float32)
+    for start_n in range(0, N_K, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(k_ptr + bh * NK_PAD * D + cols[:, None] * D + offs_d[None, :])
+        v = tl.load(v_ptr + bh * NK_PAD * D + cols[:, None] * D + offs_d[None, :])
+        sk = tl.load(sk_ptr + bh * (NK_PAD // 64) + start_n // 64)
+        sv = tl.load(sv_ptr + bh * (NK_PAD // 64) + start_n // 64)
+        if not USE_SK:
+            sk = 1.0
+        if not USE_SV:
+            sv = 1.0
+        s = tl.dot(q, k.T) * (sq * sk * qk_scale)
+        seen = cols[None, :] < N_K
+        if CAUSAL:
+            seen = seen & (cols[None, :] <= rows[:, None] + SHIFT)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - base)
+        p = tl.exp2(s - base[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        pv = tl.dot((p * P_SCALE).to(tl.float8e4nv), v)
+        acc = acc * alpha[:, None] + pv * (sv / P_SCALE)
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(o_ptr + bh * N_Q * D + rows[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=rows[:, None] < N_Q)  # fmt: skip
+
+
+def attention_fp8_variant(
+    q, k, v, causal=False, hadamard_rotation=False, *, per_tensor=False, p_scale=256.0, use_sk=True, use_sv=True,
+    rotate="qk", out_dtype=torch.bfloat16, block_n=64, heads_only=False,
+):  # fmt: skip
+    """q5 with a switch for each mistake: ``rotate`` which of "qk" gets the rotation (a whole-head random
+    Hadamard matrix in torch), ``heads_only``: a grid over the heads of batch 0 alone."""
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    if hadamard_rotation:
+        r = hadamard.random_signs(d, seed=1, device=q.device)[:, None] * hadamard.hadamard_matrix(d, device=q.device)
+        q = (q.float() @ r).to(torch.bfloat16) if "q" in rotate else q
+        k = (k.float() @ r).to(torch.bfloat16) if "k" in rotate else k
+    q8, sq = quantize_blocks_torch(q, per_tensor)
+    k8, sk = quantize_blocks_torch(k, per_tensor)
+    v8, sv = quantize_blocks_torch(v, per_tensor)
+    o = torch.zeros((b, h, n_q, d), dtype=out_dtype, device=q.device)
+    shift = n_k - n_q if causal == "bottom_right" else 0
+    _attention_fp8_variant_kernel[(triton.cdiv(n_q, 64), h if heads_only else b * h)](
+        q8, sq, k8, sk, v8, sv, o, n_q, n_k, q8.shape[2], k8.shape[2], shift, LOG2E / math.sqrt(d), D=d,
+        CAUSAL=bool(causal), P_SCALE=p_scale, USE_SK=use_sk, USE_SV=use_sv, BLOCK_N=block_n,
+    )  # fmt: skip
+    return o
+
+
 WRONG_SOLUTIONS = {
     "q1": {
         "S = amax / 128": lambda x, s=None: quantize_variant(x, s, qdiv=128.0),
@@ -258,6 +442,36 @@ WRONG_SOLUTIONS = {
         "no clamp at zero channels": lambda x, w, am, alpha=0.5: smooth_variant(x, w, am, alpha, clamp=False),
         "alpha ignored": lambda x, w, am, alpha=0.5: smooth_variant(x, w, am, alpha, fixed_alpha=0.5),
         "w left unscaled": lambda x, w, am, alpha=0.5: (smooth_variant(x, w, am, alpha)[0], w),
+    },
+    "q4": {
+        "no guard for a row that sees no key": lambda q, k, v, c=False: attention_variant(q, k, v, c, guard=False),
+        "mask reversed (j >= i)": lambda q, k, v, c=False: attention_variant(q, k, v, c, mask=ATTN_MASK_FLIPPED),
+        "masked scores set to 0": lambda q, k, v, c=False: attention_variant(q, k, v, c, mask=ATTN_MASK_ZERO),
+        "no rescale by exp(m_old - m_new)": lambda q, k, v, c=False: attention_variant(q, k, v, c, rescale=False),
+        "l kept in bf16": lambda q, k, v, c=False: attention_variant(q, k, v, c, state=ATTN_STATE_L_BF16),
+        "accumulator kept in bf16": lambda q, k, v, c=False: attention_variant(q, k, v, c, state=ATTN_STATE_ACC_BF16),
+        "scale folded into a bf16 q": lambda q, k, v, c=False: attention_variant(q, k, v, c, scale_q=True),
+        "scale left out": lambda q, k, v, c=False: attention_variant(q, k, v, c, scale_power=0.0),
+        "scale applied twice": lambda q, k, v, c=False: attention_variant(q, k, v, c, scale_power=2.0),
+        "no max subtraction": lambda q, k, v, c=False: attention_variant(q, k, v, c, max_sub=False),
+        "bottom_right aligned as top_left": lambda q, k, v, c=False: attention_variant(q, k, v, c, bottom_right=False),
+        "no tl.store": lambda q, k, v, c=False: attention_variant(q, k, v, c, store=False),
+    },
+    "q5": {
+        "one scale for the whole tensor": lambda q, k, v, c=False, r=False: attention_fp8_variant(
+            q, k, v, c, r, per_tensor=True
+        ),
+        "P cast to E4M3 unscaled": lambda q, k, v, c=False, r=False: attention_fp8_variant(q, k, v, c, r, p_scale=1.0),
+        "V's block scale left out": lambda q, k, v, c=False, r=False: attention_fp8_variant(
+            q, k, v, c, r, use_sv=False
+        ),
+        "K's block scale left out": lambda q, k, v, c=False, r=False: attention_fp8_variant(
+            q, k, v, c, r, use_sk=False
+        ),
+        "Hadamard on Q only": lambda q, k, v, c=False, r=False: attention_fp8_variant(q, k, v, c, r, rotate="q"),
+        "Hadamard on K only": lambda q, k, v, c=False, r=False: attention_fp8_variant(q, k, v, c, r, rotate="k"),
+        "hadamard ignored": lambda q, k, v, c=False, r=False: attention_fp8_variant(q, k, v, c, r, rotate=""),
+        "fp32 output": lambda q, k, v, c=False, r=False: attention_fp8_variant(q, k, v, c, r, out_dtype=torch.float32),
     },
 }
 
@@ -304,25 +518,59 @@ EXPECTED = {
         "alpha ignored": "alpha ignored",
         "w left unscaled": "x_smooth @ w_smooth^T is not x @ w^T",
     },
+    "q4": {
+        "no guard for a row that sees no key": "fully masked rows give NaN (first rows NaN)",
+        "mask reversed (j >= i)": "mask direction wrong: right without the mask, wrong with causal",
+        "masked scores set to 0": "masked scores set to 0 instead of -inf",
+        "no rescale by exp(m_old - m_new)": "no running-max correction (acc/l not rescaled by exp(m_old - m_new))",
+        "l kept in bf16": "softmax state or accumulator kept in bf16: error grows with N_k",
+        "accumulator kept in bf16": "softmax state or accumulator kept in bf16: error grows with N_k",
+        "scale folded into a bf16 q": "softmax scale applied to bf16 q before the product (right at 1e-1, not 1e-2)",
+        "scale left out": "scale 1/sqrt(D) missing or applied twice",
+        "scale applied twice": "scale 1/sqrt(D) missing or applied twice",
+        "no max subtraction": "no max subtraction: exp overflows (inf/NaN) on large scores",
+        "bottom_right aligned as top_left": "bottom_right treated as top_left",
+        "no tl.store": "every output is 0, whatever the input",
+    },
+    "q5": {
+        "one scale for the whole tensor": "one scale for the whole tensor instead of per 64-row block",
+        "P cast to E4M3 unscaled": "P cast to E4M3 unscaled (small probabilities flushed to 0)",
+        "V's block scale left out": "a block scale left out when dequantizing (V's)",
+        "K's block scale left out": "a block scale left out when dequantizing (K's)",
+        "Hadamard on Q only": "Hadamard applied to Q only (or to K only) => wrong scores",
+        "Hadamard on K only": "Hadamard applied to Q only (or to K only) => wrong scores",
+        "hadamard ignored": "hadamard=True ignored (no error reduction)",
+        "fp32 output": "output not bf16",
+    },
 }
 
-CHECKS = {"q1": lab07.check_quantize, "q2": lab07.check_w8a8, "q3": lab07.check_smooth_quant}
+CHECKS = {
+    "q1": lab07.check_quantize,
+    "q2": lab07.check_w8a8,
+    "q3": lab07.check_smooth_quant,
+    "q4": lab07.check_flash_attention,
+    "q5": lab07.check_flash_attention_fp8,
+}
 
-RIGHT = {
+RIGHT = {  # the switch kernels with every switch right
     "q1": lambda x, s=None: quantize_variant(x, s),
     "q2": lambda a, b, sa, sb: w8a8_variant(a, b, sa, sb),
     "q3": lambda x, w, am, alpha=0.5: smooth_variant(x, w, am, alpha),
+    "q4": lambda q, k, v, causal=False: attention_variant(q, k, v, causal),
+    "q5": lambda q, k, v, causal=False, rotate=False: attention_fp8_variant(q, k, v, causal, rotate),
 }
 
 PACKAGE = {
     "q1": lambda x, s=None: int8.quantize_int8(x) if s is None else (int8.quantize_int8_with_scale(x, s), s),
     "q2": lambda a, b, sa, sb: int8.w8a8_matmul(a, b, sa, sb),
     "q3": lambda x, w, am, alpha=0.5: int8.smooth(x, w, int8.smoothquant_scales(am, w, alpha)),
+    "q4": lambda q, k, v, causal=False: attention.flash_attention(q, k, v, causal),
+    "q5": lambda q, k, v, causal=False, rotate=False: attention.flash_attention_fp8(q, k, v, causal, hadamard=rotate),
 }
 
 
 def test_every_question_has_wrong_solutions_with_expectations():
-    assert set(WRONG_SOLUTIONS) == set(CHECKS) == set(EXPECTED) == set(RIGHT) == set(PACKAGE)
+    assert set(WRONG_SOLUTIONS) == set(CHECKS) == set(EXPECTED) == set(RIGHT) == set(PACKAGE) == set(STUDENT_SOLUTIONS)
     for q, wrong in WRONG_SOLUTIONS.items():
         assert wrong and set(wrong) == set(EXPECTED[q])
 
@@ -423,10 +671,94 @@ def test_smooth_inputs_show_the_w8a8_error_dropping(capsys):
     assert after < 0.5 * before
 
 
+def test_attention_kernel_with_three_mistakes_gets_each_diagnosis():
+    """The lab's starting kernel: masked scores 0, no rescaling, no guard at the end."""
+    with pytest.raises(AssertionError) as info:
+        lab07.check_flash_attention(
+            lambda q, k, v, c=False: attention_variant(q, k, v, c, mask=ATTN_MASK_ZERO, rescale=False, guard=False)
+        )
+    message = str(info.value)
+    assert "masked scores set to 0 instead of -inf" in message and "no running-max correction" in message
+
+
+def test_fp8_attention_kernel_with_three_mistakes_gets_each_diagnosis():
+    """The lab's starting FP8 kernel: one scale for the tensor, P unscaled, the rotation ignored."""
+    with pytest.raises(AssertionError) as info:
+        lab07.check_flash_attention_fp8(
+            lambda q, k, v, c=False, r=False: attention_fp8_variant(
+                q, k, v, c, r, per_tensor=True, p_scale=1.0, rotate=""
+            )
+        )
+    message = str(info.value)
+    for smell in ("one scale for the whole tensor", "P cast to E4M3 unscaled", "hadamard=True ignored"):
+        assert smell in message, message
+
+
+def test_attention_inputs_are_fixed_and_make_their_hazards_happen():
+    a, b = lab07.attention_inputs(), lab07.attention_inputs()
+    assert a.keys() == b.keys() and all(torch.equal(a[k].q, b[k].q) and torch.equal(a[k].v, b[k].v) for k in a)
+    masked = a["bottom_right, N_q > N_k: the first 60 rows see no key"]
+    _, lse = attention.attention_reference(masked.q, masked.k, masked.v, masked.causal)
+    assert int((~torch.isfinite(lse)).sum()) == 60
+    large = a["scores up to 100"]
+    top = (large.q.double() @ large.k.double().transpose(-1, -2)).abs().max() / math.sqrt(large.q.shape[-1])
+    assert 88.7 < float(top) < 110.0  # beyond e^88.7, fp32's largest exponential
+    long_row = a[f"nearly equal scores, N_k = {lab07.ATTN_LONG_N_K}"]
+    assert long_row.k.shape[2] == lab07.ATTN_LONG_N_K
+    s = (long_row.q.double() @ long_row.k.double().transpose(-1, -2)) / math.sqrt(long_row.q.shape[-1])
+    assert float((s.amax(-1) - s.amin(-1)).max()) < 0.3  # every p above e^-0.3 = 0.74: l sums N_k terms near 1
+
+
+@pytest.mark.parametrize("block_n", [32, 64])
+def test_the_long_row_is_where_a_bf16_sum_starts_failing(block_n):
+    """ATTN_LONG_N_K is the shortest row (a power of two) on which l in bf16 leaves the tolerance with the
+    package's tile of 64 keys: at half of it the bf16 kernel passes, at it fp32 still passes easily."""
+    g = torch.Generator().manual_seed(1)
+    short, long_row = (lab07._attn_nearly_equal(g, 64, n, 32) for n in (lab07.ATTN_LONG_N_K // 2, lab07.ATTN_LONG_N_K))
+
+    def excess(case, **kw):
+        o = attention_variant(case.q, case.k, case.v, block_n=block_n, **kw).double()
+        want, _ = attention.attention_reference(case.q, case.k, case.v)
+        return float(lab07._attn_excess(o, want, lab07.ATTN_TOL).max())
+
+    assert excess(long_row) < 0.5 and excess(long_row, state=ATTN_STATE_L_BF16) > 1.0
+    if block_n == 64:
+        assert excess(short, state=ATTN_STATE_L_BF16) < 1.0
+
+
+def test_fp8_inputs_make_a_tensor_scale_and_an_unscaled_p_fail():
+    inputs = lab07.fp8_attention_inputs()
+    magnitudes = inputs["a 2^16 block no query sees"]
+    unseen = torch.arange(magnitudes.k.shape[2]) >= magnitudes.q.shape[2]
+    assert float(magnitudes.v[:, :, unseen].abs().max()) > 2.0**12 * float(magnitudes.v[:, :, ~unseen].abs().max())
+    small = inputs["small probabilities"]
+    s = (small.q.double() @ small.k.double().transpose(-1, -2)) / math.sqrt(small.q.shape[-1])
+    p = torch.softmax(s, -1)
+    flushed = (torch.exp(s - s.amax(-1, keepdim=True)) < 2.0**-10).double()
+    assert float((p * flushed).sum(-1).min()) > 0.1  # what an unscaled P loses of each row's weight
+
+
+def test_fresh_attention_inputs_are_deterministic_and_refuse_bad_sizes():
+    a, b = lab07.fresh_attention_inputs(3), lab07.fresh_attention_inputs(3)
+    assert all(torch.equal(a[k].q, b[k].q) for k in a)
+    assert max(c.q.shape[2] for c in a.values()) == 150
+    c, d = lab07.fresh_fp8_attention_inputs(4), lab07.fresh_fp8_attention_inputs(4)
+    assert all(torch.equal(c[k].k, d[k].k) for k in c) and all(x.q.shape[0] in (1, 2) for x in c.values())
+    for bad in (
+        lambda: lab07.fresh_attention_inputs(1, n_q=40, n_k=50),
+        lambda: lab07.fresh_attention_inputs(1, d=48),
+        lambda: lab07.fresh_fp8_attention_inputs(1, batch=0),
+    ):
+        with pytest.raises(ValueError, match="want"):
+            bad()
+
+
 # -- right solutions, written the ways different students write them ---------------------------------------
 # Each differs from the others (and from the variant kernels above) where compiled Triton and CPU mode
 # could disagree: one program per row or a tile of rows, scales on the host or on the device, rounding
-# by 1.5 * 2^23, by 2^23 on |y| or by floor and a parity test; GEMM tiles, grid orders and epilogues.
+# by 1.5 * 2^23, by 2^23 on |y| or by floor and a parity test; GEMM tiles, grid orders and epilogues;
+# attention tiles, exp or exp2, masks by tl.where or by -inf added, grids and strides, FP8 codes made on
+# the host or in the kernel, Hadamard rotations of other blocks.
 
 
 @triton.jit
@@ -622,6 +954,243 @@ def smooth_exp_log(x, w, act_amax, alpha=0.5):
     return x / s[None, :], w * s[None, :]
 
 
+@triton.jit
+def _attention_exp2_where_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, N_Q, N_K, SHIFT, qk_scale, D: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q_base = q_ptr + bh * N_Q * D
+    kv_off = bh * N_K * D
+    q = tl.load(q_base + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < N_Q, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start_n in range(0, N_K, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        kv = kv_off + cols[:, None] * D + offs_d[None, :]
+        k = tl.load(k_ptr + kv, mask=cols[:, None] < N_K, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # log2 units
+        keep = (cols[None, :] < N_K) & ((cols[None, :] <= rows[:, None] + SHIFT) | (CAUSAL == 0))
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        corr = tl.exp2(m_i - m_safe)
+        v = tl.load(v_ptr + kv, mask=cols[:, None] < N_K, other=0.0)
+        acc = acc * corr[:, None] + tl.dot(p.to(tl.bfloat16), v)
+        l_i = l_i * corr + tl.sum(p, axis=1)
+        m_i = m_new
+    l_i = tl.where(l_i > 0.0, l_i, 1.0)
+    tl.store(o_ptr + bh * N_Q * D + rows[:, None] * D + offs_d[None, :], (acc / l_i[:, None]).to(tl.bfloat16),
+             mask=rows[:, None] < N_Q)  # fmt: skip
+
+
+def attention_exp2_where(q, k, v, causal=False):
+    """q4 with exp2 and log2(e) folded into the scale, every mask by tl.where, a 2-D grid (query tiles,
+    batch x head), 64 x 32 tiles."""
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    o = torch.empty_like(q)
+    shift = n_k - n_q if causal == "bottom_right" else 0
+    grid = (triton.cdiv(n_q, 64), b * h)
+    _attention_exp2_where_kernel[grid](
+        q.contiguous(), k.contiguous(), v.contiguous(), o, n_q, n_k, shift, LOG2E / math.sqrt(d), D=d,
+        CAUSAL=1 if causal else 0, BLOCK_M=64, BLOCK_N=32,
+    )  # fmt: skip
+    return o
+
+
+@triton.jit
+def _attention_exp_bias_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, N_Q, N_K, SHIFT, sm_scale, D: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # One (batch, head) per launch: the pointers already point at it.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < N_Q, other=0.0)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    hi = N_K
+    if CAUSAL:  # no key block past the last row's diagonal
+        hi = tl.minimum(N_K, tl.maximum(tl.program_id(0) * BLOCK_M + BLOCK_M + SHIFT, 0))
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(k_ptr + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
+        v = tl.load(v_ptr + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
+        bias = tl.where(cols[None, :] < N_K, 0.0, float("-inf"))
+        if CAUSAL:
+            bias += tl.where(cols[None, :] > rows[:, None] + SHIFT, float("-inf"), 0.0)
+        s = tl.dot(q, tl.trans(k)) * sm_scale + bias
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        empty = m_new == float("-inf")
+        p = tl.exp(s - tl.where(empty, 0.0, m_new)[:, None])
+        scale_old = tl.where(empty, 1.0, tl.exp(m_i - m_new))
+        l_i = l_i * scale_old + tl.sum(p, axis=1)
+        acc = acc * scale_old[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
+    tl.store(o_ptr + rows[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < N_Q)
+
+
+def attention_exp_bias_host_loop(q, k, v, causal=False):
+    """q4 with natural exp, the causal mask added as a bias of -inf, a host loop over (batch, head) with
+    a 1-D grid each, 16 x 64 tiles, and the key loop stopped at the diagonal."""
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    o = torch.empty_like(q)
+    shift = n_k - n_q if causal == "bottom_right" else 0
+    for i in range(b):
+        for j in range(h):
+            _attention_exp_bias_kernel[(triton.cdiv(n_q, 16),)](
+                q[i, j].contiguous(), k[i, j].contiguous(), v[i, j].contiguous(), o[i, j], n_q, n_k, shift,
+                1.0 / math.sqrt(d), D=d, CAUSAL=causal is not False, BLOCK_M=16, BLOCK_N=64,
+            )  # fmt: skip
+    return o
+
+
+@triton.jit
+def _attention_strided_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H, N_Q, N_K, SHIFT,
+    qk_scale, D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid_bh = tl.program_id(0)  # the grid's first axis over (batch, head), as in Triton's tutorial
+    b = pid_bh // H
+    h = pid_bh % H
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqn + offs_d[None, :], mask=rows[:, None] < N_Q, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start_n in range(0, N_K, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(
+            k_ptr + b * skb + h * skh + cols[:, None] * skn + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0
+        )
+        v = tl.load(
+            v_ptr + b * svb + h * svh + cols[:, None] * svn + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0
+        )
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        ok = cols[None, :] < N_K
+        if CAUSAL:
+            ok = ok & (cols[None, :] - rows[:, None] <= SHIFT)
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
+        p = tl.exp2(s - m_use[:, None]).to(tl.bfloat16)  # rounded once, and summed as rounded
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p.to(tl.float32), axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m_i = m_new
+    o = acc / tl.maximum(l_i, 1e-30)[:, None]  # an empty row: 0 / tiny = 0
+    tl.store(
+        o_ptr + b * sob + h * soh + rows[:, None] * son + offs_d[None, :], o.to(tl.bfloat16), mask=rows[:, None] < N_Q
+    )
+
+
+def attention_strided(q, k, v, causal=False):
+    """q4 with strides passed (no copies), the grid's first axis over (batch, head), 128 x 128 tiles, P
+    rounded to bf16 once and l summed from the rounded P."""
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    o = torch.empty_like(q)
+    shift = n_k - n_q if causal == "bottom_right" else 0
+    _attention_strided_kernel[(b * h, triton.cdiv(n_q, 128))](
+        q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], h, n_q, n_k, shift,
+        LOG2E / math.sqrt(d), D=d, CAUSAL=bool(causal), BLOCK_M=128, BLOCK_N=128,
+    )  # fmt: skip
+    return o
+
+
+def fp8_attention_host_codes(q, k, v, causal=False, hadamard_rotation=False):
+    """q5 quantizing Q, K and V in torch on the host (the variant kernel's right switches), tiles of 64 x 32
+    keys, the rotation a whole-head random Hadamard matrix multiplied in torch."""
+    return attention_fp8_variant(q, k, v, causal, hadamard_rotation, block_n=32)
+
+
+@triton.jit
+def _e4m3_block(x, ROWS: tl.constexpr):
+    """A tile's E4M3 codes and its reconstruction scale S = amax / 448 (1 for an all-zero tile)."""
+    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    s = tl.where(amax > 0.0, tl.math.div_rn(amax, 448.0), 1.0)
+    return (x * tl.math.div_rn(1.0, s)).to(tl.float8e4nv), s
+
+
+@triton.jit
+def _attention_fp8_in_kernel_kernel(
+    q_ptr, k_ptr, v_ptr, r_ptr, o_ptr, N_Q, N_K, SHIFT, sm_scale, D: tl.constexpr, CAUSAL: tl.constexpr,
+    ROTATE: tl.constexpr,
+):  # fmt: skip
+    # bf16 tiles of 64 rows loaded, rotated (fp32 dot with R), quantized and multiplied here: nothing on
+    # the host but the launch.  Every program quantizes the K and V blocks it reads again.
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * 64 + tl.arange(0, 64)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + bh * N_Q * D + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < N_Q, other=0.0)
+    q = q.to(tl.float32)
+    if ROTATE:
+        r = tl.load(r_ptr + offs_d[:, None] * D + offs_d[None, :])
+        q = tl.dot(q, r, input_precision="ieee").to(tl.bfloat16).to(tl.float32)
+    q8, sq = _e4m3_block(q, 64)
+    m_i = tl.full([64], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([64], dtype=tl.float32)
+    acc = tl.zeros([64, D], dtype=tl.float32)
+    for start_n in range(0, N_K, 64):
+        cols = start_n + tl.arange(0, 64)
+        k = tl.load(k_ptr + bh * N_K * D + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
+        k = k.to(tl.float32)
+        if ROTATE:
+            k = tl.dot(k, r, input_precision="ieee").to(tl.bfloat16).to(tl.float32)
+        k8, sk = _e4m3_block(k, 64)
+        v = tl.load(v_ptr + bh * N_K * D + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
+        v8, sv = _e4m3_block(v.to(tl.float32), 64)
+        s = tl.dot(q8, tl.trans(k8)) * (sq * sk * sm_scale)
+        seen = cols[None, :] < N_K
+        if CAUSAL:
+            seen = seen & (cols[None, :] <= rows[:, None] + SHIFT)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_ref[:, None])
+        alpha = tl.exp(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot((p * 256.0).to(tl.float8e4nv), v8) * (sv * 0.00390625)  # / 256
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(o_ptr + bh * N_Q * D + rows[:, None] * D + offs_d[None, :], out.to(tl.bfloat16), mask=rows[:, None] < N_Q)
+
+
+def fp8_attention_in_kernel(q, k, v, causal=False, hadamard_rotation=False):
+    """q5 with the quantization inside the kernel (a 64-row tile's amax, S, codes) and the rotation too: R
+    = diag(signs) H / sqrt(32) in blocks of 32 channels (block-diagonal), natural exp."""
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    r32 = hadamard.random_signs(32, seed=7)[:, None] * hadamard.hadamard_matrix(32)
+    r = torch.block_diag(*[r32] * (d // 32)).to(q.device).contiguous()
+    o = torch.empty_like(q)
+    shift = n_k - n_q if causal == "bottom_right" else 0
+    _attention_fp8_in_kernel_kernel[(triton.cdiv(n_q, 64), b * h)](
+        q.contiguous(), k.contiguous(), v.contiguous(), r, o, n_q, n_k, shift, 1.0 / math.sqrt(d), D=d,
+        CAUSAL=bool(causal), ROTATE=bool(hadamard_rotation),
+    )  # fmt: skip
+    return o
+
+
+def fp8_attention_rotated_in_blocks_of_16(q, k, v, causal=False, hadamard_rotation=False):
+    """q5 with Lab 6's blockwise rotation (kernels.hadamard.hadamard_rotate, blocks of 16 channels, its
+    own signs) and the host's codes, 64 x 64 tiles."""
+    if hadamard_rotation:
+        signs = hadamard.random_signs(16, seed=3, device=q.device)
+        q, k = hadamard.hadamard_rotate(q, 16, signs), hadamard.hadamard_rotate(k, 16, signs)
+    return attention_fp8_variant(q, k, v, causal)
+
+
 STUDENT_SOLUTIONS = {
     "q1": {
         "one program per row, two walks of 32, rounding by 1.5 * 2^23": quantize_rows_two_walks,
@@ -636,6 +1205,16 @@ STUDENT_SOLUTIONS = {
         "torch one-liner with torch.maximum": smooth_one_liner,
         "a Python loop over the input channels": smooth_channel_loop,
         "exp and log": smooth_exp_log,
+    },
+    "q4": {
+        "exp2, tl.where masks, 2-D grid, 64 x 32 tiles": attention_exp2_where,
+        "exp, -inf bias, host loop over (batch, head), 16 x 64 tiles, early stop": attention_exp_bias_host_loop,
+        "strides, (batch x head) first, 128 x 128 tiles, l from the rounded P": attention_strided,
+    },
+    "q5": {
+        "codes from torch on the host, 64 x 32 tiles, whole-head rotation": fp8_attention_host_codes,
+        "quantized and rotated inside the kernel, natural exp": fp8_attention_in_kernel,
+        "Lab 6's rotation in blocks of 16": fp8_attention_rotated_in_blocks_of_16,
     },
 }
 
@@ -655,6 +1234,15 @@ def test_student_quantizers_give_the_package_bits(name):
     q, s = STUDENT_SOLUTIONS["q1"][name](x)
     ref_q, ref_s = int8.quantize_int8(x)
     assert torch.equal(q.cpu(), ref_q.cpu()) and torch.equal(s.cpu(), ref_s.cpu())
+
+
+@pytest.mark.parametrize("name", list(STUDENT_SOLUTIONS["q4"]))
+def test_student_attention_agrees_with_the_package(name):
+    """The lab's final cell: within two bf16 steps of kernels.attention on a larger causal input."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(2, 2, 150, 64, generator=g).to(torch.bfloat16).to(DEVICE) for _ in range(3))
+    ours = STUDENT_SOLUTIONS["q4"][name](q, k, v, True).float()
+    assert (ours - attention.flash_attention(q, k, v, True).float()).abs().max().item() <= 2e-2
 
 
 # -- wrong solutions the public tests pass and the hidden tests catch -------------------------------------
@@ -677,13 +1265,40 @@ def smooth_own_amax(x, w, act_amax, alpha=0.5):
     return smooth_variant(x, w, act_amax, alpha, own_amax=True)
 
 
+def attention_one_row_tile(q, k, v, causal=False):
+    """One program of 128 query rows per (batch, head), no grid over query tiles: right while N_q <= 128,
+    as on every public input; the rows past 128 stay as allocated, zero."""
+    b, h, n_q, d = q.shape
+    o = torch.zeros_like(q)
+    shift = k.shape[2] - n_q if causal == "bottom_right" else 0
+    _attention_exp2_where_kernel[(1, b * h)](
+        q.contiguous(), k.contiguous(), v.contiguous(), o, n_q, k.shape[2], shift, LOG2E / math.sqrt(d), D=d,
+        CAUSAL=1 if causal else 0, BLOCK_M=128, BLOCK_N=64,
+    )  # fmt: skip
+    return o
+
+
+def fp8_attention_heads_only(q, k, v, causal=False, hadamard_rotation=False):
+    """A grid over the heads only, (cdiv(N_q, 64), H): the public inputs have one sequence each, so batch
+    element 1 and beyond are never computed."""
+    return attention_fp8_variant(q, k, v, causal, hadamard_rotation, heads_only=True)
+
+
 HIDDEN_CATCHES = {
     "q1": {"one tile of 128 columns per row, no loop over K": quantize_one_tile_of_128},
     "q2": {"one tile of 32 token rows": w8a8_one_row_tile},
     "q3": {"act_amax recomputed from x": smooth_own_amax},
+    "q4": {"one tile of 128 query rows": attention_one_row_tile},
+    "q5": {"a grid over the heads of the first sequence only": fp8_attention_heads_only},
 }
 
-ARGUMENT = {"q1": "quantize_int8", "q2": "w8a8_matmul", "q3": "smooth_quant"}
+ARGUMENT = {
+    "q1": "quantize_int8",
+    "q2": "w8a8_matmul",
+    "q3": "smooth_quant",
+    "q4": "flash_attention",
+    "q5": "flash_attention_fp8",
+}
 
 
 def hidden_cases(question: str) -> list:
@@ -704,10 +1319,11 @@ def hidden_cases(question: str) -> list:
 
 @pytest.mark.parametrize("q", list(CHECKS))
 def test_hidden_tests_pass_the_right_solutions(q, capsys):
+    students = list(STUDENT_SOLUTIONS[q].values())
     for case in hidden_cases(q):
-        case.call_func({ARGUMENT[q]: PACKAGE[q]})
-        case.call_func({ARGUMENT[q]: list(STUDENT_SOLUTIONS[q].values())[-1]})
-    assert capsys.readouterr().out.count(f"{q} passed") >= 2
+        for right in (PACKAGE[q], students[0], students[-1]):
+            case.call_func({ARGUMENT[q]: right})
+    assert capsys.readouterr().out.count(f"{q} passed") >= 3
 
 
 @pytest.mark.parametrize("q,name", [(q, n) for q, c in HIDDEN_CATCHES.items() for n in c])
@@ -731,6 +1347,13 @@ def test_act_amax_recomputed_from_x_gets_its_diagnosis():
         lab07.check_smooth_quant(smooth_own_amax, inputs=inputs)
 
 
+def test_rows_never_computed_get_their_diagnosis():
+    with pytest.raises(AssertionError, match="query rows left at zero where the output is not"):
+        lab07.check_flash_attention(attention_one_row_tile, inputs=lab07.fresh_attention_inputs(11))
+    with pytest.raises(AssertionError, match="query rows left at zero where the output is not"):
+        lab07.check_flash_attention_fp8(fp8_attention_heads_only, inputs=lab07.fresh_fp8_attention_inputs(12))
+
+
 def test_fresh_inputs_are_deterministic_and_refuse_bad_sizes():
     a, b = lab07.fresh_quantizer_inputs(3, 9, 40), lab07.fresh_quantizer_inputs(3, 9, 40)
     assert all(torch.equal(a[k], b[k]) for k in a) and all(v.shape == (9, 40) for v in a.values())
@@ -741,3 +1364,81 @@ def test_fresh_inputs_are_deterministic_and_refuse_bad_sizes():
             bad()
     assert math.isclose(float(lab07.static_scale(torch.zeros(3, 4))), 1.0)
     assert np.isfinite(lab07.GEMM_RTOL)
+
+
+# -- the lab notebook's kernels: the solution's pass, the starting ones get the diagnoses of their mistakes --
+
+
+_PROMPT_MARK = re.compile(r'"""\s*# (BEGIN|END) PROMPT')
+_SOLUTION_MARK = re.compile(r"# (BEGIN|END) SOLUTION")
+
+
+def _student_version(source: str) -> str:
+    """A solution cell as the lab shows it: each SOLUTION block dropped, each PROMPT block's text kept."""
+    lines, in_solution = [], False
+    for line in source.splitlines():
+        mark = line.strip()
+        if _SOLUTION_MARK.match(mark):
+            in_solution = "BEGIN" in mark
+        elif not (in_solution or _PROMPT_MARK.match(mark)):
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _solution_version(source: str) -> str:
+    """A solution cell with its PROMPT blocks dropped."""
+    lines, in_prompt = [], False
+    for line in source.splitlines():
+        mark = line.strip()
+        if _PROMPT_MARK.match(mark):
+            in_prompt = "BEGIN" in mark
+        elif not (in_prompt or _SOLUTION_MARK.match(mark)):
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _attention_lab_module(tmp_path, starting: bool):
+    """The lab's attention kernels and host functions (q4, q5) as an importable module (``@triton.jit``
+    reads its function's source from a file): the solution's, or the starting ones a student is given."""
+    import importlib.util
+
+    import nbformat
+
+    name = "07_inference.ipynb"
+    folders = ("labs", "solutions", "drafts/solutions") if starting else ("solutions", "drafts/solutions")
+    path = next(ROOT / f / name for f in folders if (ROOT / f / name).is_file())
+    version = _student_version if starting else _solution_version
+    keep = ("@triton.jit\ndef attention_kernel", "def flash_attention(", "BLOCK = 64")
+    sources = [
+        "import math\n\nimport torch\nimport triton\nimport triton.language as tl\n\nfrom kernels import hadamard"
+    ]
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code" and cell.source.startswith(keep):
+            sources.append(version(cell.source))
+    assert len(sources) == 4, f"{path}: the attention cells were not found"
+    module_path = tmp_path / f"lab07_attention_{'start' if starting else 'solution'}.py"
+    module_path.write_text("\n\n".join(sources) + "\n")
+    spec = importlib.util.spec_from_file_location(module_path.stem, module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_lab_solution_kernels_pass(tmp_path, capsys):
+    sol = _attention_lab_module(tmp_path, starting=False)
+    lab07.check_flash_attention(sol.flash_attention)
+    lab07.check_flash_attention_fp8(sol.flash_attention_fp8)
+    assert capsys.readouterr().out.count("passed") == 2
+
+
+def test_the_lab_starting_kernels_get_the_diagnoses_of_their_mistakes(tmp_path):
+    start = _attention_lab_module(tmp_path, starting=True)
+    with pytest.raises(AssertionError) as info:
+        lab07.check_flash_attention(start.flash_attention)
+    message = str(info.value)
+    assert "masked scores set to 0 instead of -inf" in message and "no running-max correction" in message
+    with pytest.raises(AssertionError) as info:
+        lab07.check_flash_attention_fp8(start.flash_attention_fp8)
+    message = str(info.value)  # the three the lab's prose names
+    for smell in ("one scale for the whole tensor", "P cast to E4M3 unscaled", "hadamard=True ignored"):
+        assert smell in message, message

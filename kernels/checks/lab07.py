@@ -1,22 +1,41 @@
-"""Checks for Lab 7 (inference in low precision): the INT8 quantizer, the W8A8 GEMM, SmoothQuant.
+"""Checks for Lab 7 (inference in low precision): q1 the INT8 quantizer, q2 the W8A8 GEMM, q3 SmoothQuant,
+q4 the FlashAttention-style forward in bf16, q5 the same attention with Q, K and V in FP8.
 
-Each check runs the student's function on fixed, device-independent inputs and compares with
-:mod:`kernels.int8`: codes and scales bit for bit, the GEMM within a bound derived from its roundings
-against the float64 value of the dequantized product, the smoothed pair within fp32 rounding.  On
-failure it says which numerical mistake the output looks like: S = amax / 128, truncation, ties away
-from zero, no saturation, -128, an all-zero row divided by zero, one scale for the tensor, an
-approximate division, a scale left out or divided, an int16 accumulator, a dropped K tail, alpha and
-1 - alpha swapped, the migration reversed.  The hidden tests run the same checks on inputs drawn by the
-``fresh_*`` functions below, from a seed and at sizes that only they state.
+* q1 :func:`check_quantize`, q2 :func:`check_w8a8` and q3 :func:`check_smooth_quant` run the student's
+  function on fixed, device-independent inputs and compare with :mod:`kernels.int8`: codes and scales bit
+  for bit, the GEMM within a bound derived from its roundings against the float64 value of the
+  dequantized product, the smoothed pair within fp32 rounding.
+* q4 :func:`check_flash_attention`: ``fn(q, k, v, causal)`` -> bf16 ``(B, H, N_q, D)``, against float64
+  attention (:func:`kernels.attention.attention_reference`) within the bf16 attention tolerance, on no
+  mask, both causal alignments, a block of queries that sees no key, scores up to 100 and a long row of
+  nearly equal scores.
+* q5 :func:`check_flash_attention_fp8`: ``fn(q, k, v, causal, hadamard)`` -> bf16, within the FP8
+  attention tolerance of float64 on inputs where one scale for the whole tensor, or P cast to E4M3
+  unscaled, visibly fails; on inputs with outlier channels in Q and K, ``hadamard=True`` must lower the
+  error, and on every input the error must stay near the package's
+  (:func:`kernels.attention.flash_attention_fp8`, run by the check on the same inputs).
+
+On failure a check says which numerical mistake the output looks like.  For q1-q3: S = amax / 128,
+truncation, ties away from zero, no saturation, -128, an all-zero row divided by zero, one scale for the
+tensor, an approximate division, a scale left out or divided, an int16 accumulator, a dropped K tail,
+alpha and 1 - alpha swapped, the migration reversed.  For q4 and q5 the output is compared with what each
+known mistake computes (attention in float64 with that mistake made: the scale left out, a bf16 Q scaled
+before the product, the running maximum's correction missing, masked scores set to 0, the mask reversed,
+an FP8 block scale dropped, P unscaled), and the one that fits is named, input by input, so that a kernel
+with two mistakes hears of both.  The hidden tests run the same checks on inputs drawn by the ``fresh_*``
+functions below, from a seed and at sizes that only they state.
 
 The references run on the host, where torch's fp32 division is correctly rounded (on a GPU, torch
 divides by a Python number through its reciprocal), so the expected bits are the same in both lanes.
 """
 
+import math
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
-from kernels import _hopper_math, int8
+from kernels import _hopper_math, attention, int8
 from kernels.checks import call_student, constant_output, type_name
 from kernels.device import default_device
 from kernels.testing import first_mismatches, frobenius_error
@@ -800,16 +819,686 @@ def check_smooth_quant(fn, inputs: dict | None = None) -> None:
     )
 
 
+# -- q4 and q5: attention's tolerances and the type of its inputs ------------------------------------------
+
+ATTN_TOL = 1e-2  # bf16 in and out: the output's own rounding (2^-8) and P rounded to bf16 for P V
+ATTN_FP8_TOL = 5e-2  # E4M3 operands carry up to 2^-4 relative error each (atol = rtol)
+ATTN_FP8_BLOCK = attention.FP8_BLOCK  # rows of Q, K and V per FP8 scale
+ATTN_FP8_VS_PACKAGE = 1.5  # the most an FP8 kernel's error may exceed the package kernel's, as a factor,
+ATTN_FP8_VS_PACKAGE_SLACK = 0.01  # plus this much relative RMS error (a rotation of other blocks costs it)
+# hadamard=True must leave at most this fraction of the hadamard=False error on the outlier input, or the
+# package's own fraction there plus 0.25 where that is larger (a draw whose outliers cost little gains
+# little), never more than 0.9.  On the public input the package's rotation (blocks of 32 channels) leaves
+# 0.45, whole-head and 16-channel rotations 0.41-0.46; over a dozen other draws the package left 0.26-0.62
+# and a 16-channel rotation up to 0.74.
+ATTN_HADAMARD_GAIN = 0.75
+_ATTN_OVERFLOW = 80.0  # e^80 ~ 5.5e34: scores beyond this overflow fp32 once summed without the max
+_ATTN_EMULATION_MATCH = 0.25  # a mistake "fits" when the output is 4x closer to it than to the truth
+
+
+class AttentionCase(NamedTuple):
+    """One input of an attention check: bf16 ``q`` (B, H, N_q, D), ``k`` and ``v`` (B, H, N_k, D) on the
+    host, the ``causal`` argument, and its ``kind``: "plain", "large scores", "nearly equal scores" (q4);
+    "plain", "magnitudes", "small probabilities", "outliers" (q5)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    causal: object
+    kind: str = "plain"
+
+
+def _attn_shape(case: AttentionCase) -> str:
+    b, h, n_q, d = case.q.shape
+    return f"B={b} H={h} N_q={n_q} N_k={case.k.shape[2]} D={d}, causal={case.causal!r}"
+
+
+def _attn_bf16(*ts) -> tuple:
+    return tuple(t.to(torch.bfloat16) for t in ts)
+
+
+# -- q4: the inputs ---------------------------------------------------------------------------------------
+
+
+def _attn_random(g, b, h, n_q, n_k, d, causal) -> AttentionCase:
+    q, k, v = (torch.randn(b, h, n, d, generator=g) for n in (n_q, n_k, n_k))
+    return AttentionCase(*_attn_bf16(q, k, v), causal)
+
+
+def _attn_large(g, b, h, n_q, n_k, d, s_max) -> AttentionCase:
+    """Q and K scaled so that the largest score is ``s_max`` (e^88.7 is fp32's largest: beyond that, an
+    exponential taken without subtracting the maximum overflows)."""
+    q, k, v = (torch.randn(b, h, n, d, generator=g) for n in (n_q, n_k, n_k))
+    top = (q @ k.transpose(-1, -2)).abs().max() / math.sqrt(d)
+    a = (s_max / top).sqrt()
+    return AttentionCase(*_attn_bf16(q * a, k * a, v), False, "large scores")
+
+
+def _attn_nearly_equal(g, n_q, n_k, d) -> AttentionCase:
+    """Scores of standard deviation 0.03 (a row's all within 0.3), so each row sums ``n_k`` terms near 1
+    into l.  The first half of V's channels is 4 + noise (the output is about 4: a relative error of l
+    shows); the second half is +16 on the first half of the keys and -16 on the rest, so the accumulator
+    climbs to about 8 n_k and comes back near 0, and a bf16 accumulator's lost low bits are what is left."""
+    q = torch.randn(1, 1, n_q, d, generator=g) * 0.3
+    k = torch.randn(1, 1, n_k, d, generator=g) * 0.1
+    v = torch.randn(1, 1, n_k, d, generator=g) * 0.5
+    v[..., : d // 2] += 4.0
+    v[..., d // 2 :] += torch.where(torch.arange(n_k) < n_k // 2, 16.0, -16.0)[:, None]
+    return AttentionCase(*_attn_bf16(q, k, v), False, "nearly equal scores")
+
+
+# The nearly-equal-scores row long enough for a bf16 l to fail: with the package's tile of 64 keys, l in
+# bf16 leaves the tolerance from N_k = 1024 on (at 512 it is at 0.8-0.9 of it; fp32 l stays below 0.3).
+# A bf16 accumulator fails from N_k = 256 on.
+ATTN_LONG_N_K = 1024
+
+
+def attention_inputs() -> dict:
+    """q4's fixed inputs: {label: :class:`AttentionCase`}."""
+    g = torch.Generator().manual_seed(74)
+    return {
+        "no mask": _attn_random(g, 2, 2, 80, 80, 64, False),
+        "no mask, N_q < N_k": _attn_random(g, 1, 2, 33, 100, 32, False),
+        "causal=True": _attn_random(g, 1, 2, 80, 80, 64, True),
+        "top_left, N_q < N_k": _attn_random(g, 1, 1, 48, 90, 32, "top_left"),
+        "bottom_right, N_q < N_k": _attn_random(g, 1, 1, 33, 100, 32, "bottom_right"),
+        "bottom_right, N_q > N_k: the first 60 rows see no key": _attn_random(g, 1, 1, 100, 40, 32, "bottom_right"),
+        "scores up to 100": _attn_large(g, 1, 2, 64, 64, 32, 100.0),
+        "nearly equal scores, N_k = 128": _attn_nearly_equal(g, 64, 128, 32),
+        f"nearly equal scores, N_k = {ATTN_LONG_N_K}": _attn_nearly_equal(g, 64, ATTN_LONG_N_K, 32),
+    }
+
+
+def fresh_attention_inputs(seed: int, n_q: int = 150, n_k: int = 97, heads: int = 3, d: int = 64) -> dict:
+    """q4's kinds of input drawn from ``seed`` at other sizes: ``n_q > n_k`` query and key lengths (used in
+    both orders, so that bottom_right has rows that see no key), ``heads`` heads, head dimension ``d``,
+    and a nearly-equal-scores row of ``ATTN_LONG_N_K`` keys and a few more."""
+    if not (n_q > n_k >= 1 and heads >= 1 and d in attention.HEAD_DIMS):
+        raise ValueError(f"want n_q > n_k >= 1, heads >= 1, d in {attention.HEAD_DIMS}; got {n_q}, {n_k}, {heads}, {d}")
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "no mask": _attn_random(g, 2, heads, n_q, n_k, d, False),
+        "causal=True": _attn_random(g, 1, heads, n_q, n_q, d, True),
+        "top_left, N_q < N_k": _attn_random(g, 1, heads, n_k, n_q, d, "top_left"),
+        "bottom_right, N_q < N_k": _attn_random(g, 2, 1, n_k, n_q, d, "bottom_right"),
+        "bottom_right, N_q > N_k": _attn_random(g, 1, heads, n_q, n_k, d, "bottom_right"),
+        "scores up to 120": _attn_large(g, 1, heads, n_k, n_q, d, 120.0),
+        "nearly equal scores, N_k = 160": _attn_nearly_equal(g, 48, 160, d),
+        f"nearly equal scores, N_k = {ATTN_LONG_N_K + 37}": _attn_nearly_equal(g, 48, ATTN_LONG_N_K + 37, d),
+    }
+
+
+# -- q4: attention with a mistake made, in float64 ----------------------------------------------------------
+
+
+def _attn_visible(n_q: int, n_k: int, causal, mask: str) -> torch.Tensor:
+    """The keys each query sees: the right mask, or "flipped" (j >= i + shift), or "top_left" in place of
+    "bottom_right"."""
+    if mask == "top_left" and causal == "bottom_right":
+        causal = "top_left"
+    visible = attention.causal_mask(n_q, n_k, causal)
+    if mask == "flipped" and attention.CAUSAL[causal]:
+        shift = n_k - n_q if causal == "bottom_right" else 0
+        i = torch.arange(n_q)[:, None]
+        visible = torch.arange(n_k)[None, :] >= i + shift
+    return visible
+
+
+def _attn_variant(
+    case: AttentionCase, *, q=None, scale=None, mask="right", pad=None, rescale="both", block_n=64
+) -> torch.Tensor:
+    """Attention in float64 of ``case`` with one or two mistakes: ``q`` in place of case.q, ``scale`` in
+    place of 1/sqrt(D); ``mask`` "right", "zero" (masked scores 0 instead of -inf; with ``pad``, also
+    those of the zero keys that pad N_k to a multiple of ``pad``, as a kernel's tiles do), "flipped" or
+    "top_left"; ``rescale`` "both" (right), "neither", "l only" or "acc only": which of the running sum and
+    the accumulator an online softmax over key blocks of ``block_n`` rescales when the maximum moves."""
+    qd = (case.q if q is None else q).double()
+    kd, vd = case.k.double(), case.v.double()
+    n_q, n_k, d = qd.shape[2], kd.shape[2], qd.shape[3]
+    visible = _attn_visible(n_q, n_k, case.causal, mask)
+    if pad and mask == "zero":
+        extra = -(-n_k // pad) * pad - n_k
+        kd, vd = (torch.nn.functional.pad(t, (0, 0, 0, extra)) for t in (kd, vd))
+        visible = torch.nn.functional.pad(visible, (0, extra), value=False)
+    s = (qd @ kd.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
+    s = s.masked_fill(~visible, 0.0 if mask == "zero" else float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    exact = torch.exp(s - torch.where(torch.isinf(m), 0.0, m))  # against the row's maximum
+    stale = exact if rescale == "both" else _attn_stale_weights(s, block_n)
+    num = (exact if rescale in ("both", "acc only") else stale) @ vd
+    den = (exact if rescale in ("both", "l only") else stale).sum(-1, keepdim=True)
+    return num / torch.where(den == 0, 1.0, den)
+
+
+def _attn_stale_weights(s: torch.Tensor, block_n: int) -> torch.Tensor:
+    """exp(s - m) with m the running maximum as of each key's block (key blocks of ``block_n``): what
+    an online softmax that never rescales adds up."""
+    n_k = s.shape[-1]
+    blocks = -(-n_k // block_n)
+    padded = torch.nn.functional.pad(s, (0, blocks * block_n - n_k), value=float("-inf"))
+    running = padded.reshape(*s.shape[:-1], blocks, block_n).amax(-1).cummax(-1).values
+    running = torch.where(torch.isinf(running), 0.0, running)  # nothing visible yet: against 0
+    return torch.exp(s - running.repeat_interleave(block_n, -1)[..., :n_k])
+
+
+def _attn_excess(got: torch.Tensor, want: torch.Tensor, tol: float) -> torch.Tensor:
+    """|got - want| / (tol + tol |want|) per element: above 1 is outside the tolerance (NaN counts as inf)."""
+    e = (got - want).abs() / (tol + tol * want.abs())
+    return torch.nan_to_num(e, nan=float("inf"))
+
+
+def _attn_unwritten(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether some query rows of ``got`` are all zero where ``want``'s are not, while others are written:
+    tiles of rows, or (batch, head)s, that were never launched."""
+    zero = (got == 0).all(-1)
+    return bool((zero & (want != 0).any(-1)).any() and (~zero).any())
+
+
+_ATTN_SMELLS = {
+    "nan rows": "fully masked rows give NaN (first rows NaN): a row whose keys are all masked has m = -inf, "
+    "and exp(-inf - (-inf)) is NaN; take its exponentials against 0 (m = -inf -> 0) and divide by l only "
+    "where l > 0, so that the row comes out as zeros",
+    "overflow": "no max subtraction: exp overflows (inf/NaN) on large scores (e^s passes fp32's largest "
+    "number at s = 88.7): take p = exp(s - m) with m the running maximum",
+    "scale": "scale 1/sqrt(D) missing or applied twice: the scores are q k^T / sqrt(D)",
+    "scale on q": "softmax scale applied to bf16 q before the product (right at 1e-1, not 1e-2): q * scale "
+    "rounded to bf16 moves every score by up to 2^-9 of itself, several hundredths on large scores; "
+    "multiply the fp32 scores instead",
+    "no rescale": "no running-max correction (acc/l not rescaled by exp(m_old - m_new)): when a later key "
+    "block raises the maximum, the sum and the accumulator built against the old one must be multiplied "
+    "by exp(m_old - m_new)",
+    "mask zero": "masked scores set to 0 instead of -inf: a masked key (past the diagonal, or past N_k in the "
+    "last tile) must get p = 0, and exp(0 - m) is not 0",
+    "mask direction": "mask direction wrong: right without the mask, wrong with causal (query i sees keys "
+    "j <= i, or j <= i + N_k - N_q for bottom_right)",
+    "bottom_right": "bottom_right treated as top_left: bottom_right aligns the last query with the last key, "
+    "query i sees keys j <= i + N_k - N_q",
+    "unwritten": "query rows left at zero where the output is not: is every tile of query rows launched "
+    "(triton.cdiv(N_q, BLOCK_M) programs) for every (batch, head), and stored with a mask on N_q only?",
+    "bf16 state": "softmax state or accumulator kept in bf16: error grows with N_k (right on short rows, "
+    "wrong on the long row of nearly equal scores, where l sums N_k terms near 1 and bf16 keeps 8 bits); "
+    "keep m, l and acc in fp32 and round once, at the store",
+}
+
+
+def _attn_prescaled(case: AttentionCase) -> list:
+    """The kernels that scale a bf16 Q before the product: by 1/sqrt(D), or by log2(e)/sqrt(D) for exp2."""
+    d = case.q.shape[-1]
+    out = []
+    for c in (1.0 / math.sqrt(d), math.log2(math.e) / math.sqrt(d)):
+        q_scaled = (case.q.float() * torch.tensor(c, dtype=torch.float32)).to(torch.bfloat16)
+        out.append(_attn_variant(case, q=q_scaled, scale=1.0 / math.sqrt(d) / c))
+    return out
+
+
+def _attn_explain(case: AttentionCase, got: torch.Tensor, compare: torch.Tensor) -> list:
+    """The smells (keys of ``_ATTN_SMELLS``) that account for ``got`` where ``compare`` is set: one
+    mistake, or a mask mistake together with a missing correction; [] if none does."""
+
+    def fits(ref):
+        return bool((_attn_excess(got, ref, ATTN_TOL)[compare] <= 1).all())
+
+    d = case.q.shape[-1]
+    if any(fits(_attn_variant(case, scale=s)) for s in (1.0, 1.0 / d)):
+        return ["scale"]
+    if any(fits(ref) for ref in _attn_prescaled(case)):
+        return ["scale on q"]
+    tiles = (16, 32, 64, 128)
+    masks = [("right", None, [])]  # (mask, pad, smells): masked scores 0 also pad the keys to a tile
+    masks += [("zero", pad, ["mask zero"]) for pad in (None, *tiles)]
+    if attention.CAUSAL[case.causal]:
+        masks.append(("flipped", None, ["mask direction"]))
+    if case.causal == "bottom_right" and case.q.shape[2] != case.k.shape[2]:
+        masks.append(("top_left", None, ["bottom_right"]))
+    for mask, pad, smells in masks[1:]:
+        if fits(_attn_variant(case, mask=mask, pad=pad)):
+            return smells
+    for mask, pad, smells in masks:
+        for rescale in ("neither", "l only", "acc only"):
+            for block_n in (pad,) if pad else tiles:
+                if fits(_attn_variant(case, mask=mask, pad=pad, rescale=rescale, block_n=block_n)):
+                    return ["no rescale", *smells]
+    return []
+
+
+def _attn_score_max(case: AttentionCase) -> torch.Tensor:
+    """The largest visible score of each query row (B, H, N_q), float64."""
+    s = (case.q.double() @ case.k.double().transpose(-1, -2)) / math.sqrt(case.q.shape[-1])
+    visible = attention.causal_mask(case.q.shape[2], case.k.shape[2], case.causal)
+    return s.masked_fill(~visible, float("-inf")).amax(-1)
+
+
+class _AttnRun(NamedTuple):
+    label: str
+    case: AttentionCase
+    got: torch.Tensor  # float64, on the host
+    want: torch.Tensor
+    excess: torch.Tensor  # per element, above 1 outside the tolerance
+    hidden: torch.Tensor  # (B, H, N_q): rows that see no key
+
+
+def _attn_output(out, q: torch.Tensor, question: str, name: str) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor):
+        raise AssertionError(f"{question}: {name} must return a torch.Tensor, got {type_name(out)}")
+    if tuple(out.shape) != tuple(q.shape):
+        raise AssertionError(
+            f"{question}: {name} returned shape {tuple(out.shape)}, want q's shape (B, H, N_q, D) = {tuple(q.shape)}"
+        )
+    if out.dtype != torch.bfloat16:
+        raise AssertionError(
+            f"{question}: {name} returned {out.dtype}: output not bf16 (o is bf16, the fp32 accumulator "
+            "divided by l and rounded once at the store)"
+        )
+    return out.detach().cpu().double()
+
+
+def _attn_fail(question: str, name: str, problems: list) -> AssertionError:
+    return AssertionError(f"{question}: {name} is wrong\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _attn_seen(smells: dict) -> list:
+    """``{smell text: [labels]}`` -> one line per smell, naming the inputs it was seen on."""
+    return [f"{text} (seen on: {'; '.join(labels)})" for text, labels in smells.items()]
+
+
+def _attn_mismatch(run: _AttnRun, tol: float) -> str:
+    bad = np.flatnonzero((run.excess > 1).numpy().ravel())
+    head = f"input '{run.label}' ({_attn_shape(run.case)}), outside atol = rtol = {tol:g}"
+    return first_mismatches(np.empty(0), run.got.numpy(), run.want.numpy(), bad, what=head)
+
+
+def _attn_diagnose(runs: list) -> list:
+    """What is wrong with a q4 kernel, from its outputs on the check's inputs (``_AttnRun``s): a list of
+    problems, each naming its smell and the inputs that show it; [] if every output is right."""
+    found, unexplained = {}, []  # {smell text: quoted labels}, runs no smell accounts for
+
+    def note(key, run):
+        found.setdefault(_ATTN_SMELLS[key], []).append(f"'{run.label}'")
+
+    for run in runs:
+        compare = torch.ones_like(run.got, dtype=torch.bool)
+        broken = ~torch.isfinite(run.got).all(-1)  # (B, H, N_q): rows with NaN or inf
+        if bool(broken.any()):
+            if bool((broken & ~run.hidden & (_attn_score_max(run.case) > _ATTN_OVERFLOW)).any()):
+                note("overflow", run)
+                continue
+            if bool((broken & ~run.hidden).any()):  # NaN in a row that sees keys, on moderate scores
+                unexplained.append(run)
+                continue
+            note("nan rows", run)
+            compare = ~run.hidden[..., None].expand_as(run.got)  # the rows that see keys
+        if bool((run.excess[compare] <= 1).all()):
+            continue
+        smells = ["unwritten"] if _attn_unwritten(run.got, run.want) else _attn_explain(run.case, run.got, compare)
+        for key in smells:
+            note(key, run)
+        if not smells:
+            unexplained.append(run)
+    problems = _attn_seen(found)
+    if not unexplained:
+        return problems
+    failing = [f"'{run.label}'" for run in unexplained]
+    right = [run for run in runs if f"'{run.label}'" not in failing + sum(found.values(), [])]
+    long_rows = sorted((r for r in runs if r.case.kind == "nearly equal scores"), key=lambda r: r.case.k.shape[2])
+    worst = {run.label: float(run.excess.max()) for run in long_rows}
+    if all(attention.CAUSAL[run.case.causal] for run in unexplained) and any(
+        not attention.CAUSAL[run.case.causal] for run in right
+    ):
+        problems += _attn_seen({_ATTN_SMELLS["mask direction"]: failing})
+    elif (
+        all(run.case.kind == "nearly equal scores" for run in unexplained)
+        and len(long_rows) > 1
+        and f"'{long_rows[-1].label}'" in failing
+        and worst[long_rows[-1].label] > worst[long_rows[0].label]
+    ):
+        growth = ", ".join(f"N_k = {r.case.k.shape[2]}: {worst[r.label]:.2g}" for r in long_rows)
+        problems += _attn_seen({_ATTN_SMELLS["bf16 state"] + f"; error / tolerance {growth}": failing})
+    else:
+        problems += [_attn_mismatch(run, ATTN_TOL) for run in unexplained[:2]]
+    return problems
+
+
+def _attn_run(label, case, out, question, name, tol) -> _AttnRun:
+    got = _attn_output(out, case.q, question, name)
+    want, lse = attention.attention_reference(case.q, case.k, case.v, case.causal)
+    return _AttnRun(label, case, got, want, _attn_excess(got, want, tol), ~torch.isfinite(lse))
+
+
+def check_flash_attention(fn, inputs: dict | None = None) -> None:
+    """q4: ``fn(q, k, v, causal)`` -> bf16 attention within atol = rtol = 1e-2 of float64, on ``inputs``
+    ({label: :class:`AttentionCase`}; :func:`attention_inputs` unless given)."""
+    question, name = "q4", "flash_attention"
+    dev = default_device()
+    inputs = attention_inputs() if inputs is None else inputs
+    runs = []
+    for label, case in inputs.items():
+        q, k, v = (t.to(dev) for t in (case.q, case.k, case.v))
+        out = call_student(fn, q, k, v, case.causal, name=name, question=question)
+        runs.append(_attn_run(label, case, out, question, name, ATTN_TOL))
+    for run in runs:
+        smell = constant_output(run.got.numpy().ravel(), run.want.numpy().ravel(), show=lambda x: f"{x:g}")
+        if smell:
+            raise _attn_fail(question, name, [f"input '{run.label}': {smell}"])
+    problems = _attn_diagnose(runs)
+    if problems:
+        raise _attn_fail(question, name, problems)
+    max_abs = max(float((run.got - run.want).abs().max()) for run in runs)
+    worst = max(float(run.excess.max()) for run in runs)
+    longest = max(case.k.shape[2] for case in inputs.values())
+    print(
+        f"{question} passed: {len(runs)} inputs (no mask, top_left and bottom_right, rows that see no key, "
+        f"large scores, N_k up to {longest}) within atol = rtol = {ATTN_TOL:g} of float64; max_abs {max_abs:.3g}, "
+        f"worst error / tolerance {worst:.2f}"
+    )
+
+
+# -- q5: the inputs -----------------------------------------------------------------------------------------
+
+
+def _attn_fp8_random(g, b, h, n_q, n_k, d, causal) -> AttentionCase:
+    """Gaussian Q and K; V of standard deviation 0.35, so that the output's error from E4M3 scores (a few
+    hundredths of |V|) stays well inside 0.05 + 0.05 |O| for every correct kernel (at 0.5, the package's
+    own kernel reaches 0.94 of the tolerance on one draw in a dozen)."""
+    q, k, v = (torch.randn(b, h, n, d, generator=g) for n in (n_q, n_k, n_k))
+    return AttentionCase(*_attn_bf16(q, k, v * 0.35), causal)
+
+
+def _attn_fp8_magnitudes(g, h, n_q, n_k, d) -> AttentionCase:
+    """Causal top_left with N_q < N_k: keys from N_q on are masked for every query.  Their block of K and
+    V is 2^16 times the rest, and the visible V blocks alternate between 1/4 and 1/32: a scale per block
+    of 64 rows holds every block's precision; one scale for the tensor (or the head), set by the unseen
+    block, leaves the visible values 2^-16 of its range, below E4M3's smallest subnormal.  (V at 1/4: a
+    query row that sees one or two keys gets E4M3's full relative error, within 0.05 + 0.05 |O| there.)"""
+    q, k, v = (torch.randn(1, h, n, d, generator=g) for n in (n_q, n_k, n_k))
+    unseen = torch.arange(n_k) >= n_q
+    odd = (torch.arange(n_k) // ATTN_FP8_BLOCK) % 2 == 1
+    k = k * torch.where(unseen, 2.0**16, 1.0)[:, None]
+    v = v * torch.where(unseen, 2.0**14, torch.where(odd, 1.0 / 32, 1.0 / 4))[:, None]
+    return AttentionCase(*_attn_bf16(q, k, v), "top_left", "magnitudes")
+
+
+def _attn_fp8_small_p(g, h, n_q, n_k, d, gap=7.5) -> AttentionCase:
+    """Every query's scores: about 0 for key 0, about -``gap`` for all the others, whose p = e^-7.5 ~ 5.5e-4
+    sit below half of E4M3's smallest subnormal (2^-10) yet together hold an eighth of the weight.  256 P
+    keeps them; P unscaled flushes them to 0.  V is 0 at key 0 and about 2 elsewhere, so the output is
+    that eighth of the weight."""
+    u = torch.randn(d, generator=g)
+    u = u / u.norm()
+    q = math.sqrt(d) * u + 0.1 * torch.randn(1, h, n_q, d, generator=g)
+    c = torch.full((n_k,), -gap) + 0.1 * torch.randn(n_k, generator=g)
+    c[0] = 0.0
+    k = c[:, None] * u + 0.05 * torch.randn(1, h, n_k, d, generator=g)
+    v = 2.0 + torch.randn(1, h, n_k, d, generator=g)
+    v[:, :, 0] = 0.0
+    return AttentionCase(*_attn_bf16(q, k, v), False, "small probabilities")
+
+
+def _attn_fp8_outliers(g, h, n, d, factor=8.0) -> AttentionCase:
+    """Gaussian Q, K and V (V at 1/2) with two channels of Q and K, at places of the draw's choosing,
+    ``factor`` times the others, as trained models' attention inputs have."""
+    q, k, v = (torch.randn(1, h, n, d, generator=g) for _ in range(3))
+    channels = torch.randperm(d, generator=g)[:2]
+    q[..., channels] *= factor
+    k[..., channels] *= factor
+    return AttentionCase(*_attn_bf16(q, k, v * 0.5), False, "outliers")
+
+
+def fp8_attention_inputs() -> dict:
+    """q5's fixed inputs: {label: :class:`AttentionCase`}."""
+    g = torch.Generator().manual_seed(75)
+    return {
+        "Gaussian, no mask": _attn_fp8_random(g, 1, 2, 70, 100, 64, False),
+        "a 2^16 block no query sees": _attn_fp8_magnitudes(g, 1, 128, 192, 64),
+        "small probabilities": _attn_fp8_small_p(g, 1, 32, 256, 64),
+        "two outlier channels in Q and K": _attn_fp8_outliers(g, 2, 128, 64),
+    }
+
+
+def fresh_fp8_attention_inputs(seed: int, batch: int = 2, n_q: int = 150, n_k: int = 90, d: int = 64) -> dict:
+    """q5's kinds of input drawn from ``seed`` at other sizes: ``batch`` sequences of ``n_q`` queries and
+    ``n_k`` keys, head dimension ``d`` (and the same kinds at lengths of their own)."""
+    if not (batch >= 1 and n_q >= 1 and n_k >= 1 and d in attention.HEAD_DIMS and d >= 32):
+        raise ValueError(
+            f"want batch, n_q, n_k >= 1 and d in {attention.HEAD_DIMS[1:]}; got {batch}, {n_q}, {n_k}, {d}"
+        )
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "Gaussian, no mask": _attn_fp8_random(g, batch, 2, n_q, n_k, d, False),
+        "Gaussian, bottom_right": _attn_fp8_random(g, batch, 1, n_k, n_q, d, "bottom_right"),
+        "a 2^16 block no query sees": _attn_fp8_magnitudes(g, 2, 130, 200, d),
+        "small probabilities": _attn_fp8_small_p(g, 2, 40, 300, d),
+        "two outlier channels in Q and K": _attn_fp8_outliers(g, 2, 160, d),
+    }
+
+
+# -- q5: FP8 attention with a mistake made, in float64 --------------------------------------------------------
+
+
+def _attn_fp8_dequantized(x: torch.Tensor, per: str = "block", drop_scale: bool = False) -> torch.Tensor:
+    """``x`` (B, H, N, D) through E4M3 and back, with one scale S = amax / 448 per block of 64 rows of each
+    head (``per="block"``), per head ("head") or for the tensor ("tensor"); ``drop_scale``: the codes
+    alone, the scale never multiplied back."""
+    b, h, n, d = x.shape
+    n_pad = -(-n // ATTN_FP8_BLOCK) * ATTN_FP8_BLOCK
+    xp = torch.zeros(b, h, n_pad, d)
+    xp[:, :, :n] = x.float()
+    blocks = xp.reshape(b, h, n_pad // ATTN_FP8_BLOCK, ATTN_FP8_BLOCK * d)
+    amax = blocks.abs().amax(-1, keepdim=True)  # (B, H, blocks, 1)
+    if per == "head":
+        amax = amax.amax(-2, keepdim=True).expand_as(amax)
+    elif per == "tensor":
+        amax = amax.max().expand_as(amax)
+    s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    codes = (blocks / s).to(torch.float8_e4m3fn).double()
+    y = codes if drop_scale else codes * s.double()
+    return y.reshape(b, h, n_pad, d)[:, :, :n]
+
+
+def _attn_fp8_variant(case: AttentionCase, *, per="block", drop=None, p_unscaled=False) -> torch.Tensor:
+    """Float64 attention of ``case``'s operands through E4M3 with one mistake: ``per`` "head" or "tensor"
+    scales, the scale of ``drop`` ("q", "k" or "v") left out, or ``p_unscaled`` (P against the row's
+    maximum cast to E4M3 as it is, l summed from the unrounded P)."""
+    q, k, v = (_attn_fp8_dequantized(t, per, drop == name) for name, t in (("q", case.q), ("k", case.k), ("v", case.v)))
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(case.q.shape[-1])
+    visible = attention.causal_mask(case.q.shape[2], case.k.shape[2], case.causal)
+    s = s.masked_fill(~visible, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - torch.where(torch.isinf(m), 0.0, m))
+    l_sum = p.sum(-1, keepdim=True)
+    if p_unscaled:
+        p = p.float().to(torch.float8_e4m3fn).double()
+    return (p @ v) / torch.where(l_sum == 0, 1.0, l_sum)
+
+
+_ATTN_FP8_SMELLS = {
+    "tensor": "one scale for the whole tensor instead of per 64-row block: here the largest block sets S = "
+    "amax / 448 and the other blocks' values fall below E4M3's smallest subnormal, 2^-9 S; give each block "
+    "of 64 rows of each head its own amax and S",
+    "drop": "a block scale left out when dequantizing ({}'s): the product of codes is S_Q S_K (scores) or "
+    "S_V / 256 (output) times the product of the values",
+    "p unscaled": "P cast to E4M3 unscaled (small probabilities flushed to 0): p < 2^-10 rounds to 0 in "
+    "E4M3; cast 256 P (a power of two, exact) and divide the product by 256",
+    "q only": "Hadamard applied to Q only (or to K only) => wrong scores: rotate both by the same "
+    "orthonormal R, (Q R)(K R)^T = Q K^T",
+    "ignored": "hadamard=True ignored (no error reduction): on Q and K with outlier channels the rotation "
+    "must lower the error; rotate Q and K along D by the same random-signed Hadamard matrix before "
+    "quantizing",
+}
+
+
+def _attn_fp8_explain(case: AttentionCase, got: torch.Tensor) -> str:
+    """The text of the FP8 mistake that ``got`` (hadamard=False) fits: 4x closer to float64 attention of
+    the operands quantized with that mistake than of the operands quantized right; "" if none fits."""
+
+    def distance(**kw):
+        return float((got - _attn_fp8_variant(case, **kw)).norm())
+
+    candidates = [("tensor", {"per": "tensor"}), ("tensor", {"per": "head"})]
+    candidates += [(f"drop {t}", {"drop": t}) for t in ("q", "k", "v")]
+    candidates += [("p unscaled", {"p_unscaled": True})]
+    best, key = min((distance(**kw), key) for key, kw in candidates)
+    if best > _ATTN_EMULATION_MATCH * distance():
+        return ""
+    if key.startswith("drop"):
+        return _ATTN_FP8_SMELLS["drop"].format(key[-1].upper())
+    return _ATTN_FP8_SMELLS[key]
+
+
+class _AttnFp8Run(NamedTuple):
+    label: str
+    case: AttentionCase
+    hadamard: bool
+    got: torch.Tensor
+    want: torch.Tensor
+    excess: torch.Tensor
+    error: float  # relative RMS error against float64
+    package_error: float  # the package kernel's, on the same input
+
+    @property
+    def where(self) -> str:
+        return f"'{self.label}', hadamard={self.hadamard}"
+
+    @property
+    def worse_than_package(self) -> bool:
+        return self.error > ATTN_FP8_VS_PACKAGE * self.package_error + ATTN_FP8_VS_PACKAGE_SLACK
+
+    @property
+    def bad(self) -> bool:
+        """Outside the FP8 tolerance somewhere, or (outlier inputs, beyond any elementwise tolerance even
+        for the package's kernel) well above the package's error."""
+        if self.case.kind == "outliers":
+            return self.worse_than_package
+        return not bool((self.excess <= 1).all())
+
+
+def _attn_fp8_runs(fn, inputs: dict, question: str, name: str) -> dict:
+    """{label: {hadamard: _AttnFp8Run}}: hadamard=False on every input, and True on the plain and outlier
+    ones."""
+    dev = default_device()
+    runs = {}
+    for label, case in inputs.items():
+        q, k, v = (t.to(dev) for t in (case.q, case.k, case.v))
+        want, _ = attention.attention_reference(case.q, case.k, case.v, case.causal)
+        for rotate in (False, True) if case.kind in ("plain", "outliers") else (False,):
+            out = call_student(fn, q, k, v, case.causal, rotate, name=name, question=question)
+            got = _attn_output(out, case.q, question, name)
+            ours = attention.flash_attention_fp8(q, k, v, case.causal, hadamard=rotate).detach().cpu().double()
+            excess = _attn_excess(got, want, ATTN_FP8_TOL)
+            err, ours_err = frobenius_error(got, want), frobenius_error(ours, want)
+            runs.setdefault(label, {})[rotate] = _AttnFp8Run(label, case, rotate, got, want, excess, err, ours_err)
+    return runs
+
+
+def _attn_fp8_unexplained(run: _AttnFp8Run) -> str:
+    smell = constant_output(run.got.numpy().ravel(), run.want.numpy().ravel(), show=lambda x: f"{x:g}")
+    if smell:
+        return f"input {run.where}: {smell}"
+    if run.case.kind == "outliers" or bool((run.excess <= 1).all()):
+        return (
+            f"input {run.where}: relative RMS error {run.error:.3g}, more than {ATTN_FP8_VS_PACKAGE:g}x the "
+            f"package kernel's {run.package_error:.3g} on the same input"
+        )
+    return _attn_mismatch(run, ATTN_FP8_TOL)
+
+
+def _attn_gain_limit(plain: _AttnFp8Run, rotated: _AttnFp8Run) -> float:
+    """The largest fraction of its hadamard=False error a kernel may keep with hadamard=True."""
+    package = rotated.package_error / plain.package_error
+    return min(0.9, max(ATTN_HADAMARD_GAIN, package + 0.25))
+
+
+def _attn_fp8_diagnose(runs: dict) -> list:
+    """What is wrong with a q5 kernel, from its outputs ({label: {hadamard: run}}): a list of problems,
+    each naming its smell and the inputs that show it; [] if every output is right."""
+    found, unexplained = {}, []
+
+    def note(text, run):
+        found.setdefault(text, []).append(run.where)
+
+    for pair in runs.values():
+        plain, rotated = pair[False], pair.get(True)
+        if plain.bad:
+            smell = _attn_fp8_explain(plain.case, plain.got) if bool(torch.isfinite(plain.got).all()) else ""
+            if not smell and _attn_unwritten(plain.got, plain.want):
+                smell = _ATTN_SMELLS["unwritten"]
+            if smell:
+                note(smell, plain)
+            else:
+                unexplained.append(plain)
+        if rotated is None:
+            continue
+        gain = (
+            f" (relative RMS error {plain.error:.3f} without, {rotated.error:.3f} with; the package's "
+            f"{plain.package_error:.3f} -> {rotated.package_error:.3f})"
+        )
+        if plain.case.kind == "outliers" and torch.equal(rotated.got, plain.got):
+            note(_ATTN_FP8_SMELLS["ignored"] + gain, rotated)
+        elif plain.bad:
+            continue  # its problem is the plain run's
+        elif rotated.bad and rotated.error > max(plain.error, 2 * rotated.package_error):
+            note(_ATTN_FP8_SMELLS["q only"], rotated)
+        elif plain.case.kind == "outliers" and rotated.error > _attn_gain_limit(plain, rotated) * plain.error:
+            note(_ATTN_FP8_SMELLS["ignored"] + gain, rotated)
+        elif rotated.bad:
+            unexplained.append(rotated)
+    return _attn_seen(found) + [_attn_fp8_unexplained(run) for run in unexplained[:2]]
+
+
+def check_flash_attention_fp8(fn, inputs: dict | None = None) -> None:
+    """q5: ``fn(q, k, v, causal, hadamard)`` -> bf16 attention through FP8, on ``inputs`` ({label:
+    :class:`AttentionCase`}; :func:`fp8_attention_inputs` unless given): within atol = rtol = 5e-2 of
+    float64 (but on the outlier input), a relative RMS error at most 1.5x the package kernel's plus 0.01
+    on every input, and with ``hadamard=True`` at most ``ATTN_HADAMARD_GAIN`` of the error without it on
+    the outlier input (more where the package's own rotation gains less)."""
+    question, name = "q5", "flash_attention_fp8"
+    inputs = fp8_attention_inputs() if inputs is None else inputs
+    runs = _attn_fp8_runs(fn, inputs, question, name)
+    problems = _attn_fp8_diagnose(runs)
+    if not problems:  # within the tolerance, yet well above the package's error
+        flat = [run for pair in runs.values() for run in pair.values()]
+        problems = [_attn_fp8_unexplained(run) for run in flat if run.worse_than_package]
+    if problems:
+        raise _attn_fail(question, name, problems)
+    flat = [run for pair in runs.values() for run in pair.values()]
+    worst = max(float(run.excess.max()) for run in flat if run.case.kind != "outliers")
+    ratio = max(run.error / run.package_error for run in flat)
+    gains = ", ".join(
+        f"{pair[False].error:.3f} -> {pair[True].error:.3f} (package {pair[False].package_error:.3f} -> "
+        f"{pair[True].package_error:.3f})"
+        for pair in runs.values()
+        if pair[False].case.kind == "outliers"
+    )
+    print(
+        f"{question} passed: {len(flat)} runs; within atol = rtol = {ATTN_FP8_TOL:g} of float64 but on outlier "
+        f"channels (worst error / tolerance {worst:.2f}); relative RMS error at most {ratio:.2f}x the package "
+        f"kernel's; outlier channels, without -> with the Hadamard rotation: {gains}"
+    )
+
+
 __all__ = [
     "ALPHAS",
+    "ATTN_FP8_BLOCK",
+    "ATTN_FP8_TOL",
+    "ATTN_FP8_VS_PACKAGE",
+    "ATTN_FP8_VS_PACKAGE_SLACK",
+    "ATTN_HADAMARD_GAIN",
+    "ATTN_LONG_N_K",
+    "ATTN_TOL",
+    "AttentionCase",
     "GEMM_ATOL",
     "GEMM_RTOL",
     "PRODUCT_RTOL",
     "SMOOTH_RTOL",
+    "attention_inputs",
+    "check_flash_attention",
+    "check_flash_attention_fp8",
     "check_quantize",
     "check_smooth_quant",
     "check_w8a8",
     "diagnose_quantizer",
+    "fp8_attention_inputs",
+    "fresh_attention_inputs",
+    "fresh_fp8_attention_inputs",
     "fresh_gemm_inputs",
     "fresh_quantizer_inputs",
     "fresh_smooth_inputs",
