@@ -32,6 +32,9 @@ without kernels having to avoid them.  What "correct" means was measured, not as
   approximate when compiled (``div.full``, the special-function unit, libdevice polynomials); here
   they give the same bits (:mod:`kernels._hopper_math`), while ``tl.math.div_rn`` and ``tl.sqrt_rn``
   stay correctly rounded.  fp32 ``tl.fma`` rounds once.
+* A float argument of a kernel is an fp32 scalar, as compiled (``bf16 * scale`` is fp32); the
+  interpreter left it a Python float, which took the bf16 tensor's type and then failed, having no bf16
+  constants (also added, for ``bf16 * 0.5``).
 * ``tl.extra.libdevice``: compiled Triton links NVIDIA's libdevice; the interpreter has none and its stubs
   return None.  The exact functions (``rint``, ``round``, ``trunc``, ``floor``, ``ceil``, ``abs``,
   ``nearbyint``, ``copysign``) are computed here, with libdevice's flush of fp32 subnormal inputs; the
@@ -351,6 +354,24 @@ def _interpreted_libdevice(name: str, stub):
 _LIBDEVICE_ORIGINAL = {}
 
 
+def _get_bf16(self, value):
+    """A bf16 constant (``bf16_tensor * 0.5``: a float literal takes the tensor's type).  Compiled Triton
+    has it; Triton's interpreter lacks it and fails on any bf16 constant."""
+    return _interp.TensorHandle(_encode(np.array([value]), "bf16"), tl.bfloat16)
+
+
+_ADDED = {"get_bf16": _get_bf16}  # builder methods the interpreter does not have at all
+
+
+def _implicit_cvt(arg):
+    # A float argument of a kernel is an fp32 scalar when compiled (its signature type is "fp32"), so
+    # bf16_tensor * scale is fp32 there.  The interpreter passes the Python float on, which then takes the
+    # type of the tensor it meets, as a literal would: bf16, and another result.
+    if isinstance(arg, float):
+        return tl.tensor(_interp.TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
+    return _ORIGINAL_OPS["_implicit_cvt"](arg)
+
+
 _PATCHES = {
     "cast_impl": _cast_impl,
     "create_fp_to_fp": _create_fp_to_fp,
@@ -431,6 +452,7 @@ _OP_PATCHES = {
     (_interp.ScanOps, "cumsum"): _scan_cumsum,
     (_interp.GridExecutor, "__call__"): _launch_quietly,
     (_interp, "_patch_lang_tensor"): _patch_lang_tensor,
+    (_interp, "_implicit_cvt"): _implicit_cvt,
 }
 _ORIGINAL_OPS = {}
 
@@ -459,6 +481,9 @@ def install() -> None:
     for name, fn in _PATCHES.items():
         _ORIGINAL[name] = getattr(builder, name)
         setattr(builder, name, fn)
+    for name, fn in _ADDED.items():
+        if not hasattr(builder, name):  # a later Triton may bring its own
+            setattr(builder, name, fn)
     for (cls, name), fn in _OP_PATCHES.items():
         _ORIGINAL_OPS[name] = getattr(cls, name)
         setattr(cls, name, fn)
@@ -475,6 +500,9 @@ def uninstall() -> None:
     for name, fn in _ORIGINAL.items():
         setattr(builder, name, fn)
     _ORIGINAL.clear()
+    for name, fn in _ADDED.items():
+        if getattr(builder, name, None) is fn:
+            delattr(builder, name)
     for (cls, name), _fn in _OP_PATCHES.items():
         if name in _ORIGINAL_OPS:
             setattr(cls, name, _ORIGINAL_OPS.pop(name))

@@ -403,6 +403,12 @@ def test_each_wrong_solution_is_caught_with_its_diagnosis(question, name):
         CHECKS[question](WRONG_SOLUTIONS[question][name])
     print(err.value)
     assert DIAGNOSES[name] in str(err.value), str(err.value)
+    if name in FIRST_IS_OWN:  # the first diagnosis listed is the mistake's own
+        assert DIAGNOSES[name] in str(err.value).splitlines()[1], str(err.value)
+
+
+# Wrong solutions whose own diagnosis must come first: a spurious one before it sent students astray.
+FIRST_IS_OWN = ("always rounds up",)
 
 
 def test_unfinished_exercises_say_so_and_passes_is_quiet(capsys):

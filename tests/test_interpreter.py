@@ -254,3 +254,26 @@ def test_an_inexact_libdevice_function_is_refused_by_name_in_cpu_mode():
 
     with pytest.raises(Exception, match="__nv_expf has no bit-exact version in CPU mode"):
         kernel[(1,)](torch.ones(4))
+
+
+@triton.jit
+def _float_argument_kernel(x_ptr, arg_ptr, lit_ptr, scale, N: tl.constexpr):
+    x = tl.load(x_ptr + tl.arange(0, N))  # bf16
+    by_arg = x * scale  # a float argument is an fp32 scalar: the product is fp32
+    tl.static_assert(by_arg.dtype == tl.float32)
+    tl.store(arg_ptr + tl.arange(0, N), by_arg)
+    by_literal = x * 0.3  # a float literal takes the tensor's type: a bf16 product
+    tl.static_assert(by_literal.dtype == tl.bfloat16)
+    tl.store(lit_ptr + tl.arange(0, N), by_literal)
+
+
+def test_float_arguments_are_fp32_and_literals_take_the_tensors_type():
+    """As compiled Triton types them: ``bf16 * scale`` (a float argument) is fp32 and ``bf16 * 0.3`` is bf16;
+    CPU mode once kept the argument a Python float and failed on the bf16 constant it then needed."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).to(default_device())
+    by_arg = torch.empty(64, dtype=torch.float32, device=x.device)
+    by_literal = torch.empty(64, dtype=torch.bfloat16, device=x.device)
+    _float_argument_kernel[(1,)](x, by_arg, by_literal, 0.3, N=64)
+    scale32 = torch.tensor(0.3, dtype=torch.float32)
+    assert torch.equal(by_arg.cpu(), x.cpu().float() * scale32), "the argument is not an fp32 scalar"
+    assert torch.equal(by_literal.cpu(), x.cpu() * scale32.to(torch.bfloat16)), "the literal is not a bf16 constant"
