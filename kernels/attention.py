@@ -36,6 +36,7 @@ import triton.language as tl
 
 import kernels
 from kernels.device import check_device
+from kernels.testing import Tolerance
 
 CAUSAL = {False: 0, True: 1, "top_left": 1, "bottom_right": 2}
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -46,6 +47,13 @@ BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 64}
 GPU_LAUNCH = {"num_warps": 8, "num_stages": 3}
 FP8_BLOCK = 64  # rows of Q, K and V that share one FP8 scale; also the FP8 kernel's tiles
 FP8_GPU_LAUNCH = {"num_warps": 4, "num_stages": 3}
+# The attention forward's output against float64 attention, by the dtype of its products (atol = rtol).
+TOLERANCES = {
+    "bf16": Tolerance(
+        1e-2, 1e-2, "two bf16-input GEMMs around an fp32 softmax; P rounded to bf16 before P V, O rounded once"
+    ),
+    "fp8": Tolerance(5e-2, 5e-2, "Q, K, V and P in e4m3 (2^-4 relative each): the scores' error is magnified by exp"),
+}
 P_SCALE = 256.0  # P in [0, 1] is cast to E4M3 as 256 P (exact: a power of two), keeping P >= 2^-17
 
 
@@ -268,6 +276,7 @@ __all__ = [
     "FP8_BLOCK",
     "HEAD_DIMS",
     "P_SCALE",
+    "TOLERANCES",
     "attention_reference",
     "causal_mask",
     "flash_attention",

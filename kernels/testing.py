@@ -28,12 +28,6 @@ TOLERANCES = {
         5e-2, 5e-2, "fp8 inputs carry 2^-4 (e4m3) relative error each; Hopper's fp8 accumulator keeps ~13 bits"
     ),
     ("gemm_chain", torch.bfloat16): Tolerance(5e-3, 5e-3, "two bf16 GEMMs whose errors partly cancel"),
-    ("attention", torch.bfloat16): Tolerance(
-        1e-2, 1e-2, "two bf16-input GEMMs around an fp32 softmax; P rounded to bf16 before P V, O rounded once"
-    ),
-    ("attention_fp8", torch.bfloat16): Tolerance(
-        5e-2, 5e-2, "Q, K, V and P in e4m3 (2^-4 relative each): the scores' error is magnified by exp"
-    ),
     ("rmsnorm", torch.bfloat16): Tolerance(0.0, 2.0**-7, "fp32 statistics, one bf16 rounding; they can tip a tie"),
     ("softmax", torch.bfloat16): Tolerance(1e-3, 1e-3, "fp32 max/sum, outputs in [0, 1] rounded once"),
     ("elementwise", torch.float32): Tolerance(1e-6, 1e-6, "one or two fp32 roundings"),

@@ -821,8 +821,8 @@ def check_smooth_quant(fn, inputs: dict | None = None) -> None:
 
 # -- q4 and q5: attention's tolerances and the type of its inputs ------------------------------------------
 
-ATTN_TOL = 1e-2  # bf16 in and out: the output's own rounding (2^-8) and P rounded to bf16 for P V
-ATTN_FP8_TOL = 5e-2  # E4M3 operands carry up to 2^-4 relative error each (atol = rtol)
+ATTN_TOL = attention.TOLERANCES["bf16"].atol  # bf16 in and out: the output's rounding and P rounded to bf16
+ATTN_FP8_TOL = attention.TOLERANCES["fp8"].atol  # E4M3 operands: up to 2^-4 relative error each
 ATTN_FP8_BLOCK = attention.FP8_BLOCK  # rows of Q, K and V per FP8 scale
 ATTN_FP8_VS_PACKAGE = 1.5  # the most an FP8 kernel's error may exceed the package kernel's, as a factor,
 ATTN_FP8_VS_PACKAGE_SLACK = 0.01  # plus this much relative RMS error (a rotation of other blocks costs it)
