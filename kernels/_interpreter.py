@@ -44,6 +44,7 @@ without kernels having to avoid them.  What "correct" means was measured, not as
   step of its tree, so such a sum can differ in its last bit.
 """
 
+import functools
 import threading
 import warnings
 
@@ -340,8 +341,6 @@ def _libdevice_stubs() -> dict:
 
 
 def _interpreted_libdevice(name: str, stub):
-    import functools
-
     from triton.language.extra import cuda
 
     @functools.wraps(stub)  # keeps __module__ and __name__: compiled Triton still maps it to the backend's

@@ -1373,26 +1373,16 @@ _PROMPT_MARK = re.compile(r'"""\s*# (BEGIN|END) PROMPT')
 _SOLUTION_MARK = re.compile(r"# (BEGIN|END) SOLUTION")
 
 
-def _student_version(source: str) -> str:
-    """A solution cell as the lab shows it: each SOLUTION block dropped, each PROMPT block's text kept."""
-    lines, in_solution = [], False
+def _cell_as(source: str, student: bool) -> str:
+    """A solution cell as the lab shows it (``student``: each SOLUTION block dropped, each PROMPT block's
+    text kept) or as the solution runs it (each PROMPT block dropped)."""
+    drop, skip = (_SOLUTION_MARK, _PROMPT_MARK) if student else (_PROMPT_MARK, _SOLUTION_MARK)
+    lines, inside = [], False
     for line in source.splitlines():
         mark = line.strip()
-        if _SOLUTION_MARK.match(mark):
-            in_solution = "BEGIN" in mark
-        elif not (in_solution or _PROMPT_MARK.match(mark)):
-            lines.append(line)
-    return "\n".join(lines)
-
-
-def _solution_version(source: str) -> str:
-    """A solution cell with its PROMPT blocks dropped."""
-    lines, in_prompt = [], False
-    for line in source.splitlines():
-        mark = line.strip()
-        if _PROMPT_MARK.match(mark):
-            in_prompt = "BEGIN" in mark
-        elif not (in_prompt or _SOLUTION_MARK.match(mark)):
+        if drop.match(mark):
+            inside = "BEGIN" in mark
+        elif not (inside or skip.match(mark)):
             lines.append(line)
     return "\n".join(lines)
 
@@ -1407,14 +1397,13 @@ def _attention_lab_module(tmp_path, starting: bool):
     name = "07_inference.ipynb"
     folders = ("labs", "solutions", "drafts/solutions") if starting else ("solutions", "drafts/solutions")
     path = next(ROOT / f / name for f in folders if (ROOT / f / name).is_file())
-    version = _student_version if starting else _solution_version
     keep = ("@triton.jit\ndef attention_kernel", "def flash_attention(", "BLOCK = 64")
     sources = [
         "import math\n\nimport torch\nimport triton\nimport triton.language as tl\n\nfrom kernels import hadamard"
     ]
     for cell in nbformat.read(path, as_version=4).cells:
         if cell.cell_type == "code" and cell.source.startswith(keep):
-            sources.append(version(cell.source))
+            sources.append(_cell_as(cell.source, student=starting))
     assert len(sources) == 4, f"{path}: the attention cells were not found"
     module_path = tmp_path / f"lab07_attention_{'start' if starting else 'solution'}.py"
     module_path.write_text("\n\n".join(sources) + "\n")
