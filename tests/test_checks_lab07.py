@@ -1302,19 +1302,15 @@ ARGUMENT = {
 
 
 def hidden_cases(question: str) -> list:
-    """The hidden otter test cases of ``question`` (from solutions/, or drafts/ until they move there)."""
+    """The hidden otter test cases of ``question``, read from solutions/."""
     from otter.test_files.exception_test import test_case
 
-    for folder in ("solutions", "drafts/solutions"):
-        path = ROOT / folder / "hidden_tests" / "07_inference" / f"{question}.py"
-        if path.is_file():
-            env = runpy.run_path(str(path))
-            assert env["name"] == question
-            cases = [v for v in env.values() if isinstance(v, test_case)]
-            assert cases and all(c.hidden for c in cases)
-            assert all(c._get_func_params() == [ARGUMENT[question]] for c in cases)
-            return cases
-    raise AssertionError(f"no hidden test file for {question}")
+    env = runpy.run_path(str(ROOT / "solutions" / "hidden_tests" / "07_inference" / f"{question}.py"))
+    assert env["name"] == question
+    cases = [v for v in env.values() if isinstance(v, test_case)]
+    assert cases and all(c.hidden for c in cases)
+    assert all(c._get_func_params() == [ARGUMENT[question]] for c in cases)
+    return cases
 
 
 @pytest.mark.parametrize("q", list(CHECKS))
@@ -1395,8 +1391,7 @@ def _attention_lab_module(tmp_path, starting: bool):
     import nbformat
 
     name = "07_inference.ipynb"
-    folders = ("labs", "solutions", "drafts/solutions") if starting else ("solutions", "drafts/solutions")
-    path = next(ROOT / f / name for f in folders if (ROOT / f / name).is_file())
+    path = ROOT / ("labs" if starting else "solutions") / name
     keep = ("@triton.jit\ndef attention_kernel", "def flash_attention(", "BLOCK = 64")
     sources = [
         "import math\n\nimport torch\nimport triton\nimport triton.language as tl\n\nfrom kernels import hadamard"
