@@ -309,7 +309,7 @@ def _w8a8_kernel(
         k_mask = offs_k[None, :] < K - k0
         a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_mask, other=0)
         b = tl.load(b_ptrs, mask=(offs_n[:, None] < N) & k_mask, other=0)
-        acc = tl.dot(a, b.T, acc)  # int8 x int8 -> int32, exact
+        acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)  # int8 x int8 -> int32, exact
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     # The epilogue: int32 -> fp32, times S_a, times S_b, plus the bias, one rounding to C's dtype.

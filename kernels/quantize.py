@@ -115,19 +115,22 @@ def _check_fmt(fmt) -> str:
     return fmt
 
 
-def _check_input(x, name: str = "x", min_dim: int = 0) -> torch.Tensor:
+def _check_input(x, name: str = "x", min_dim: int = 0, on_device: bool = True) -> torch.Tensor:
+    """``x`` checked (a tensor of an input dtype, ``min_dim`` dimensions or more) and contiguous.
+    ``on_device``: also on the device the kernels run on; the plain-PyTorch references take either."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"{name} must have dtype bfloat16, float16 or float32, got {x.dtype}")
     if x.dim() < min_dim:
         raise ValueError(f"{name} must have at least {min_dim} dimensions, got shape {tuple(x.shape)}")
-    check_device(x, name)
+    if on_device:
+        check_device(x, name)
     return x.contiguous()
 
 
-def _check_matrix(x) -> torch.Tensor:
-    x = _check_input(x)
+def _check_matrix(x, on_device: bool = True) -> torch.Tensor:
+    x = _check_input(x, on_device=on_device)
     if x.dim() != 2:
         raise ValueError(f"x must be a 2-D matrix (rows, K) to be transposed, got shape {tuple(x.shape)}")
     return x
@@ -587,7 +590,7 @@ def quantize_tensor_and_transpose(x: torch.Tensor, fmt: str = "e4m3", s: torch.T
 
 def quantize_tensor_and_transpose_reference(x: torch.Tensor, fmt: str = "e4m3", s: torch.Tensor | None = None) -> tuple:
     """Plain-torch :func:`quantize_tensor_and_transpose`: the per-tensor reference, its codes transposed."""
-    x = _check_matrix(x)
+    x = _check_matrix(x, on_device=False)
     if s is None:
         out = quantize_tensor_reference(x, fmt)
     else:
@@ -624,7 +627,7 @@ def _inverse_scale(s: torch.Tensor) -> torch.Tensor:
 def quantize_tensor_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
     """Plain-torch :func:`quantize_tensor`."""
     fmt = _check_fmt(fmt)
-    x = _check_input(x)
+    x = _check_input(x, on_device=False)
     xf = x.float()
     amax = _finite_abs_ref(xf).amax() if xf.numel() else torch.zeros((), device=x.device)
     s = scale_from_amax(amax, fmt)
@@ -633,7 +636,7 @@ def quantize_tensor_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
 
 def quantize_tensor_with_scale_reference(x: torch.Tensor, s: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
     fmt = _check_fmt(fmt)
-    return encode_reference(_check_input(x).float(), _inverse_scale(s).reshape(()), fmt)
+    return encode_reference(_check_input(x, on_device=False).float(), _inverse_scale(s).reshape(()), fmt)
 
 
 # -- groups along the row: per row, 1x128, MXFP8 ---------------------------------------------------
@@ -811,7 +814,7 @@ def quantize_columns_transposed(x: torch.Tensor, fmt: str = "e4m3") -> Quantized
 
 def quantize_rowwise_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
     fmt = _check_fmt(fmt)
-    x = _check_input(x, min_dim=1)
+    x = _check_input(x, min_dim=1, on_device=False)
     x2 = _rows(x)
     q, s = _groups_reference(x2, 1, max(x2.shape[1], 1), fmt)
     return Quantized(q.reshape(x.shape), s.reshape(*x.shape[:-1], 1))
@@ -834,7 +837,7 @@ def quantize_1x128(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
 
 def quantize_1x128_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
     fmt = _check_fmt(fmt)
-    x = _check_input(x, min_dim=1)
+    x = _check_input(x, min_dim=1, on_device=False)
     x2 = _rows(x)
     q, s = _groups_reference(x2, 1, GROUP_1X128, fmt)
     return Quantized(q.reshape(x.shape), s.reshape(*x.shape[:-1], s.shape[-1]))
@@ -869,7 +872,7 @@ def quantize_mxfp8(x: torch.Tensor, fmt: str = "e4m3", rounding: str = "floor") 
 def quantize_mxfp8_reference(x: torch.Tensor, fmt: str = "e4m3", rounding: str = "floor") -> Quantized:
     fmt = _check_fmt(fmt)
     _check_rounding(rounding)
-    x = _check_input(x, min_dim=1)
+    x = _check_input(x, min_dim=1, on_device=False)
     xf = _rows(x).float()
     m, k = xf.shape
     code = e8m0_from_amax(group_amax_reference(xf, 1, MX_BLOCK), fmt, rounding)
@@ -934,7 +937,7 @@ def quantize_128x128(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
 
 def quantize_128x128_reference(x: torch.Tensor, fmt: str = "e4m3") -> Quantized:
     fmt = _check_fmt(fmt)
-    x = _check_input(x)
+    x = _check_input(x, on_device=False)
     if x.dim() != 2:
         raise ValueError(f"x must be a 2-D matrix for 128x128 blocks, got shape {tuple(x.shape)}")
     return _groups_reference(x, BLOCK_128X128, BLOCK_128X128, fmt)

@@ -343,6 +343,24 @@ def walrus(x_ptr):
         tl.store(x_ptr, y)
 
 
+@triton.jit
+def int_dot_without_out_dtype(x_ptr):
+    r = tl.arange(0, 32)
+    a = tl.load(x_ptr + r[:, None] * 32 + r[None, :]).to(tl.int8)
+    acc = tl.zeros((32, 32), dtype=tl.int32)
+    acc = tl.dot(a, a, acc)  # Triton 3.6 assumes a float32 accumulator here
+    tl.store(x_ptr + r[:, None] * 32 + r[None, :], acc.to(tl.float32))
+
+
+@triton.jit
+def int_dot_with_out_dtype(x_ptr):
+    r = tl.arange(0, 32)
+    a = (tl.load(x_ptr + r[:, None] * 32 + r[None, :]) % 7).to(tl.int8)
+    acc = tl.zeros((32, 32), dtype=tl.int32)
+    acc = tl.dot(a, a, acc, out_dtype=tl.int32)
+    tl.store(x_ptr + r[:, None] * 32 + r[None, :], acc.to(tl.float32))
+
+
 REFUSALS = {  # name: (kernel, args, phrase in CPU mode's message, phrase in the compiler's)
     "host function": (calls_host_function, (), "Unsupported function referenced: host_double", "Unsupported function"),
     "abs": (calls_abs, (), "abs is not defined", "abs is not defined"),
@@ -365,19 +383,27 @@ REFUSALS = {  # name: (kernel, args, phrase in CPU mode's message, phrase in the
     "a if c else b on a block": (conditional_expression_on_a_block, (), "Boolean value of Tensor", "parsing"),
     "while on a block": (while_on_a_block, (), "Boolean value of Tensor", "error encountered during parsing"),
     "walrus (Triton 3.6)": (walrus, (), "unsupported AST node type: NamedExpr", "NamedExpr"),
+    "int32 accumulator, no out_dtype (Triton 3.6)": (
+        int_dot_without_out_dtype,
+        (),
+        "needs out_dtype=tl.int32",
+        "AssertionError",
+    ),
 }
+NEWER_TRITON_COMPILES = ("walrus", "int32 accumulator")  # Triton 3.8 compiles these; CPU mode refuses them
+OWN_ASSERTS = ("dot with K < 16", "int32 accumulator, no out_dtype (Triton 3.6)")  # raised without a location
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
 def test_refused_as_the_compiler_refuses(name):
     kernel, args, cpu_phrase, compiled_phrase = REFUSALS[name]
-    if name.startswith("walrus") and not kernels.INTERPRETER and COMPILED_VERSION >= (3, 8):
-        pytest.skip("Triton 3.8 compiles `:=`; CPU mode refuses it for Triton 3.6's sake")
+    if name.startswith(NEWER_TRITON_COMPILES) and not kernels.INTERPRETER and COMPILED_VERSION >= (3, 8):
+        pytest.skip("Triton 3.8 compiles it; CPU mode refuses it for Triton 3.6's sake")
     with pytest.raises(Exception) as info:
         _launch(kernel, *args, n=512)
     text = _text(info.value)
     assert (cpu_phrase if kernels.INTERPRETER else compiled_phrase) in text, text
-    if kernels.INTERPRETER and name != "dot with K < 16":  # the dot's is the compiler's own assert
+    if kernels.INTERPRETER and name not in OWN_ASSERTS:  # those come from tl.dot's front end, not a scan
         error = _compilation_error(info.value)
         assert isinstance(error, _jit_rules.JitRuleError), text
         assert str(error).startswith("at "), text
@@ -407,6 +433,21 @@ def test_legitimate_kernel_is_not_refused(capsys):
     assert out.tolist() == [2.0 * (v - 2.0) + 1.5 for v in range(8)]
 
 
+@pytest.mark.skipif(not kernels.INTERPRETER and COMPILED_VERSION >= (3, 8), reason="Triton 3.8 compiles it")
+def test_an_exercise_check_names_the_missing_out_dtype_on_both_lanes():
+    from kernels.checks import call_student
+
+    with pytest.raises(AssertionError, match=r"q2: gemm raised CompilationError: .*out_dtype=") as raised:
+        call_student(lambda: _launch(int_dot_without_out_dtype, n=1024), name="gemm", question="q2")
+    assert "tl.dot(a, a, acc)" in str(raised.value) or "needs out_dtype=tl.int32" in str(raised.value)
+
+
+def test_an_int8_dot_naming_its_int32_out_dtype_runs_exactly():
+    out = _launch(int_dot_with_out_dtype, n=1024)
+    a = ((torch.arange(1024, dtype=torch.float32) - 2.0).fmod(7)).to(torch.int8).reshape(32, 32).long()
+    assert torch.equal(out.reshape(32, 32).long(), a @ a)
+
+
 # -- the installed compiler's own verdicts (no GPU needed: it compiles for sm_90) ------------------------------
 
 ALLOWED = {  # name: (kernel, args) that compiled Triton compiles
@@ -415,6 +456,7 @@ ALLOWED = {  # name: (kernel, args) that compiled Triton compiles
     "shadowing locals": (shadows_globals, (0.5,)),
     "global in a branch not taken": (global_in_a_branch, (False,)),
     "legitimate": (legitimate, (8, True, 8)),
+    "int32 accumulator with out_dtype": (int_dot_with_out_dtype, ()),
 }
 
 
@@ -457,8 +499,8 @@ def test_the_compiler_refuses_every_kernel_cpu_mode_refuses_and_compiles_the_oth
     verdicts = json.loads(lines[-1].removeprefix("VERDICTS "))
     version = tuple(int(p) for p in triton.__version__.split(".")[:2])
     for name, (_kernel, _args, _cpu_phrase, compiled_phrase) in REFUSALS.items():
-        if name.startswith("walrus") and version >= (3, 8):
-            assert verdicts[name] == "compiled"  # 3.8 has :=, 3.6 has not
+        if name.startswith(NEWER_TRITON_COMPILES) and version >= (3, 8):
+            assert verdicts[name] == "compiled"  # 3.8 has := and infers out_dtype from acc, 3.6 does neither
             continue
         assert verdicts[name] != "compiled" and compiled_phrase in verdicts[name], (name, verdicts[name])
     for name in ALLOWED:

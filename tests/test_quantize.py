@@ -293,3 +293,22 @@ def test_payload_overhead():
     assert Q.scale_bytes_per_element("mxfp8", (32, 32)) == 1 / 32
     assert Q.scale_bytes_per_element("1x128", (128, 128)) == 4 / 128
     assert Q.scale_bytes_per_element("128x128", (128, 128)) == 4 / 128**2
+
+
+def test_the_references_take_host_tensors_on_either_lane():
+    """The plain-PyTorch references run wherever their input is, also on a GPU machine, where the kernels
+    insist on CUDA tensors: a notebook computes its device-independent numbers on the host."""
+    x = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    references = (
+        Q.quantize_tensor_reference,
+        Q.quantize_tensor_and_transpose_reference,
+        Q.quantize_rowwise_reference,
+        Q.quantize_1x128_reference,
+        Q.quantize_mxfp8_reference,
+        Q.quantize_128x128_reference,
+        lambda x: Q.quantize_tensor_with_scale_reference(x, torch.tensor(0.5)),
+    )
+    for reference in references:
+        out = reference(x)
+        tensors = [t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)]
+        assert tensors and all(t.device.type == "cpu" for t in tensors), reference

@@ -83,6 +83,11 @@ def call_student(fn, *args, name: str, question: str):
                     line = ast.literal_eval(wrapped["text"])
                 except (ValueError, SyntaxError):
                     pass
+            if line == "^" and len(lines) > 1:  # the compiler's assert had no message: show the line it hit
+                cause = refusal.__cause__
+                line = f"`{lines[-2]}` failed ({type(cause).__name__ if cause else 'refused'}, with no message)"
+                if "tl.dot(" in lines[-2] and "out_dtype" not in lines[-2]:
+                    line += "; a non-float32 accumulator needs out_dtype= named (Triton 3.6)"
             glob = re.search(r"Cannot access global variable (\w+)", line)
             if glob and "tl.constexpr(" not in line:
                 line += f" (declare it `{glob[1]} = tl.constexpr(...)`, or pass it as a `tl.constexpr` argument)"
