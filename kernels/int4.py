@@ -146,13 +146,13 @@ def quantize_int4(
     wg = w.float().reshape(n, k // group, group)  # (N, K // group, group)
     if symmetric:
         amax = wg.abs().amax(dim=-1) if wg.numel() else torch.zeros(n, k // group, device=w.device)
-        s = torch.where(amax > 0, amax / SYMMETRIC_DIVISOR, torch.ones_like(amax)).to(scale_dtype)
+        s = torch.where(amax > 0, amax / amax.new_tensor(SYMMETRIC_DIVISOR), torch.ones_like(amax)).to(scale_dtype)
         _check_scales(s, amax, scale_dtype)
         q = torch.clamp(torch.round(wg / s.float()[..., None]), QMIN_SYMMETRIC, QMAX_SYMMETRIC)
         return Int4Tensor(pack_int4(q.to(torch.int8).reshape(n, k)), s, None, group)
     lo = wg.amin(dim=-1).clamp(max=0.0) if wg.numel() else torch.zeros(n, k // group, device=w.device)
     hi = wg.amax(dim=-1).clamp(min=0.0) if wg.numel() else torch.zeros(n, k // group, device=w.device)
-    s = torch.where(hi > lo, (hi - lo) / QMAX_ASYMMETRIC, torch.ones_like(hi)).to(scale_dtype)
+    s = torch.where(hi > lo, (hi - lo) / hi.new_tensor(float(QMAX_ASYMMETRIC)), torch.ones_like(hi)).to(scale_dtype)
     _check_scales(s, hi - lo, scale_dtype)
     sf = s.float()  # (N, K // group): the scale as stored is the one the codes are computed with
     z = torch.clamp(torch.round(-lo / sf), 0, QMAX_ASYMMETRIC)

@@ -124,9 +124,11 @@ def _row_amax_kernel(x_ptr, amax_ptr, M, K, BLOCK_K: tl.constexpr):
 
 
 def _scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """S = amax / 127 in fp32 (1 where amax is 0): the quantizer kernel's rule, in PyTorch."""
+    """S = amax / 127 in fp32 (1 where amax is 0): the quantizer kernel's rule, in PyTorch.  The divisor
+    is a tensor on amax's device: divided by a Python number, a CUDA tensor is multiplied by the number's
+    reciprocal instead (PyTorch's shortcut), which can differ from the division in the last bit."""
     amax = amax.float()
-    return torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))
+    return torch.where(amax > 0, amax / amax.new_tensor(QMAX), torch.ones_like(amax))
 
 
 def quantize_int8(x: torch.Tensor, granularity: str = "token", check_finite: bool = True) -> tuple:
@@ -209,7 +211,7 @@ def quantize_int8_asymmetric_reference(x: torch.Tensor) -> tuple:
     xf = x.float()
     lo = torch.clamp(xf.min(), max=0.0)
     hi = torch.clamp(xf.max(), min=0.0)
-    s = torch.where(hi > lo, (hi - lo) / 255, torch.ones_like(hi))
+    s = torch.where(hi > lo, (hi - lo) / hi.new_tensor(255.0), torch.ones_like(hi))
     z = torch.round(-128 - lo / s)
     q = torch.clamp(torch.round(xf / s) + z, -128, 127)
     return q.to(torch.int8), s, z.to(torch.int32)
@@ -248,7 +250,7 @@ def calibrate_amax(samples, method: str = "max", percentile: float = 99.99, cand
     best, best_err = top, None
     for i in range(1, candidates + 1):
         amax = top * i / candidates
-        s = amax / QMAX
+        s = amax / amax.new_tensor(QMAX)
         err = ((torch.clamp(torch.round(mags / s), max=QMAX) * s - mags) ** 2).mean()
         if best_err is None or err < best_err:
             best, best_err = amax, err
