@@ -345,11 +345,12 @@ def walrus(x_ptr):
 
 @triton.jit
 def int_dot_without_out_dtype(x_ptr):
-    r = tl.arange(0, 32)
-    a = tl.load(x_ptr + r[:, None] * 32 + r[None, :]).to(tl.int8)
-    acc = tl.zeros((32, 32), dtype=tl.int32)
-    acc = tl.dot(a, a, acc)  # Triton 3.6 assumes a float32 accumulator here
-    tl.store(x_ptr + r[:, None] * 32 + r[None, :], acc.to(tl.float32))
+    r = tl.arange(0, 16)
+    c = tl.arange(0, 32)  # K = 32, the least an 8-bit dot takes
+    a = tl.load(x_ptr + r[:, None] * 32 + c[None, :]).to(tl.int8)  # the first 512 elements
+    acc = tl.zeros((16, 16), dtype=tl.int32)
+    acc = tl.dot(a, tl.trans(a), acc)  # Triton 3.6 assumes a float32 accumulator here
+    tl.store(x_ptr + r[:, None] * 16 + r[None, :], acc.to(tl.float32))
 
 
 @triton.jit
@@ -438,8 +439,8 @@ def test_an_exercise_check_names_the_missing_out_dtype_on_both_lanes():
     from kernels.checks import call_student
 
     with pytest.raises(AssertionError, match=r"q2: gemm raised CompilationError: .*out_dtype=") as raised:
-        call_student(lambda: _launch(int_dot_without_out_dtype, n=1024), name="gemm", question="q2")
-    assert "tl.dot(a, a, acc)" in str(raised.value) or "needs out_dtype=tl.int32" in str(raised.value)
+        call_student(lambda: _launch(int_dot_without_out_dtype, n=512), name="gemm", question="q2")
+    assert "tl.dot(a, tl.trans(a), acc)" in str(raised.value) or "needs out_dtype=tl.int32" in str(raised.value)
 
 
 def test_an_int8_dot_naming_its_int32_out_dtype_runs_exactly():
