@@ -53,7 +53,6 @@ import numpy as np
 import triton
 import triton.language as tl
 from triton._C.libtriton import ir as _ir
-from triton.language.semantic import TritonSemantic
 from triton.runtime import interpreter as _interp
 
 from kernels import _hopper_math, hopper_mma
@@ -444,23 +443,6 @@ def _patch_lang_tensor(tensor, scope):
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
 
 
-def _semantic_dot(self, lhs, rhs, acc, input_precision, max_num_imprecise_acc, out_dtype):
-    """``tl.dot``'s front end, with Triton 3.6's rule for an accumulator: 3.6 (the GPU image's) takes
-    ``out_dtype=float32`` when none is named and refuses any other accumulator; 3.7 and later infer it
-    from ``acc``.  CPU mode keeps the stricter rule, so that a kernel it accepts compiles on both."""
-    if acc is not None and out_dtype is None and acc.type.scalar != tl.float32:
-        from kernels._jit_rules import JitRuleError
-
-        kind = acc.type.scalar
-        raise JitRuleError(
-            None,
-            None,
-            f"tl.dot into a {kind} accumulator needs out_dtype=tl.{kind}: Triton 3.6 takes float32 when none "
-            f"is named and refuses the kernel (write tl.dot(a, b, acc, out_dtype=tl.{kind}))",
-        )
-    return _ORIGINAL_OPS["dot"](self, lhs, rhs, acc, input_precision, max_num_imprecise_acc, out_dtype)
-
-
 # Reductions and scans are not builder hooks: Triton's interpreter runs them in these classes; the
 # grid executor runs a whole launch; the per-launch patch of tl.tensor is a module function.
 _OP_PATCHES = {
@@ -470,7 +452,6 @@ _OP_PATCHES = {
     (_interp.GridExecutor, "__call__"): _launch_quietly,
     (_interp, "_patch_lang_tensor"): _patch_lang_tensor,
     (_interp, "_implicit_cvt"): _implicit_cvt,
-    (TritonSemantic, "dot"): _semantic_dot,
 }
 _ORIGINAL_OPS = {}
 

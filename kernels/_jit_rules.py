@@ -37,8 +37,9 @@ branch is taken; an ``if`` on a tensor compiles both branches.  It also refuses,
   interpreter takes any block as true), an ``if`` on a float, string or tuple, ``print(x)`` without
   a string prefix, an f-string of a tensor, ``float(x)``/``int(x)`` of a tensor, a loop-carried
   variable whose type changes in the loop (or a constexpr reassigned in one), a variable whose type
-  an ``if`` on a run-time value changes, and ``tl.dot`` with K below the minimum of Triton 3.6 on
-  NVIDIA GPUs (16, or 32 for 8-bit operands; 3.8 allows 8 for fp32).
+  an ``if`` on a run-time value changes, ``tl.dot`` with K below the minimum of Triton 3.6 on
+  NVIDIA GPUs (16, or 32 for 8-bit operands; 3.8 allows 8 for fp32), and ``tl.dot`` into an accumulator
+  other than float32 without ``out_dtype`` (3.6 refuses it; 3.8 infers the type from ``acc``).
 
 The run-time checks see only what runs: a branch the launch does not take is not checked, where the
 compiler compiles both sides of an ``if`` on a run-time value.
@@ -62,6 +63,7 @@ import triton
 import triton.language as tl
 from triton.compiler.code_generator import CodeGenerator
 from triton.compiler.errors import CompilationError
+from triton.language.semantic import TritonSemantic
 from triton.runtime import interpreter as _interp
 from triton.runtime.jit import JITCallable, JITFunction, _normalize_ty
 
@@ -1186,7 +1188,7 @@ def _assigned(stmts) -> set:
     return {n for n in names if not n.startswith(("_kernels_loop_", "_kernels_if_"))}
 
 
-# -- tl.dot's minimum sizes ------------------------------------------------------------------------------
+# -- tl.dot's minimum sizes and accumulator -------------------------------------------------------------------
 
 
 def min_dot_size(lhs_type, rhs_type):
@@ -1203,6 +1205,22 @@ def min_dot_size(lhs_type, rhs_type):
         f"this dot has K = {got}): make the K block at least {k}, masking the extra lanes to zero"
     )
     return (1, 1, k)
+
+
+def _dot(self, lhs, rhs, acc, input_precision, max_num_imprecise_acc, out_dtype):
+    """``tl.dot``'s front end with Triton 3.6's rule for an accumulator: 3.6 takes ``out_dtype=float32``
+    when none is named and refuses any other accumulator; 3.8 infers it from ``acc``.  The stricter rule,
+    so that a kernel CPU mode accepts compiles on both."""
+    if acc is not None and out_dtype is None and acc.type.scalar != tl.float32:
+        kind = acc.type.scalar
+        raise JitRuleError(
+            None,
+            None,
+            f"tl.dot into a {kind} accumulator needs out_dtype=tl.{kind}: Triton 3.6 takes float32 when none "
+            f"is named and refuses the kernel (write tl.dot(a, b, acc, out_dtype=tl.{kind}))",
+        )
+    original = _ORIGINALS[(TritonSemantic, "dot")]
+    return original(self, lhs, rhs, acc, input_precision, max_num_imprecise_acc, out_dtype)
 
 
 # -- install ---------------------------------------------------------------------------------------------
@@ -1247,6 +1265,7 @@ _PATCHES = (
     (_interp.InterpretedFunction, "__call__", _call),
     (_interp.FunctionRewriter, "_transform_ast", _transform_ast),
     (_interp.FunctionRewriter, "_compile_and_exec", _compile_and_exec),
+    (TritonSemantic, "dot", _dot),
 )
 
 
