@@ -26,7 +26,7 @@ name with ``python -m kernels.bench``).
 * Chapter 6, FP4.  Lab 06 (FP4 weight-only).  Kernels: ``fp4``, ``w4a16``, ``w4a16_mma``, ``hadamard``.
   Checks: ``lab06``.  Tests: ``test_fp4``, ``test_w4a16``, ``test_hadamard``, ``test_checks_lab06``.
   Benchmarks: ``fp4``.
-* Chapter 7, inference in low precision (being written).  Lab 07 (inference, being written).  Kernels:
+* Chapter 7, inference in low precision.  Lab 07 (INT8 GEMM and FP8 attention).  Kernels:
   ``int8``, ``int4``, ``attention``.  Checks: ``lab07``.  Tests: ``test_int8``, ``test_int4``,
   ``test_attention``, ``test_checks_lab07``.  Benchmarks: ``inference``.
 * Appendix A, CPU mode.  No lab.  Kernels: ``_interpreter``, ``_hopper_math``, ``hopper_mma``,

@@ -21,7 +21,8 @@ otherwise the other part is dropped and has to be run again.
 Both parts (the default) run side by side, their workers splitting the CPUs (:func:`split_workers`), each
 pytest's output in its own log; each part is written to the record as soon as it ends, so a run cut short
 keeps the part it finished, and the other can be run alone.  Each part's record also names its slowest
-items and files, and the next run of part ``notebooks`` starts those notebooks first (:func:`longest_first`).
+items and every file's time, and the next run of part ``notebooks`` starts the notebooks it did not time, then the
+slowest (:func:`longest_first`).
 """
 
 import argparse
@@ -209,8 +210,9 @@ def split_workers(workers: int) -> dict:
 
 
 def slowest(path, n: int = 10) -> dict:
-    """The ``n`` slowest items and files of a pytest junit XML, as [id, seconds] pairs, slowest first:
-    where the part's time went, for whoever makes the lane faster."""
+    """The ``n`` slowest items and every file of a pytest junit XML, as [id, seconds] pairs, slowest first:
+    where the part's time went, for whoever makes the lane faster, and the order :func:`longest_first`
+    starts the next run's notebooks in."""
     items, files = [], {}
     for case in ET.parse(path).getroot().iter("testcase"):
         t = float(case.get("time") or 0.0)
@@ -218,15 +220,17 @@ def slowest(path, n: int = 10) -> dict:
         items.append((t, f"{file}::{name}"))
         files[file] = files.get(file, 0.0) + t
     top = sorted(items, key=lambda x: (-x[0], x[1]))[:n]
-    by_file = sorted(files.items(), key=lambda x: (-x[1], x[0]))[:n]
+    by_file = sorted(files.items(), key=lambda x: (-x[1], x[0]))
     return {"slowest": [[i, round(t, 1)] for t, i in top], "slowest_files": [[f, round(t, 1)] for f, t in by_file]}
 
 
 def longest_first(root) -> list:
-    """The notebooks of part ``notebooks``, the slowest files of the last recorded run first, the rest in
-    path order.  The part's wall time is at least its longest notebook's, so that one must start at once:
-    given folders, xdist queues notebooks by their count of cells, and a long notebook queued behind
-    another's long last cells once made the part 90 s longer than its longest notebook."""
+    """The notebooks of part ``notebooks`` in the order to start them: those the last recorded run did not
+    time (new ones, whose length is unknown, so that a long one cannot start last and end the part late),
+    in path order, then the others, slowest first.  The part's wall time is at least its longest
+    notebook's, so that one must start at once: given folders, xdist queues notebooks by their count of
+    cells, and a long notebook queued behind another's long last cells once made the part 90 s longer than
+    its longest notebook."""
     root = Path(root)
     notebooks = [p for p in covered(root) if p.endswith(".ipynb") and p.split("/")[0] in PARTS["notebooks"]]
     try:
@@ -234,7 +238,7 @@ def longest_first(root) -> list:
         seconds = {str(path): float(t) for path, t in last}
     except (OSError, ValueError, KeyError, TypeError):
         seconds = {}
-    return sorted(notebooks, key=lambda p: (-seconds.get(p, 0.0), p))
+    return sorted(notebooks, key=lambda p: (p in seconds, -seconds.get(p, 0.0), p))
 
 
 def _xdist_keeps_order() -> bool:

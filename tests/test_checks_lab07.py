@@ -1302,11 +1302,10 @@ ARGUMENT = {
 
 
 def hidden_cases(question: str) -> list:
-    """The hidden otter test cases of ``question`` (from solutions/, or drafts/ until they move there)."""
+    """The hidden otter test cases of ``question``, from solutions/hidden_tests/."""
     from otter.test_files.exception_test import test_case
 
-    folder = next(f for f in ("solutions", "drafts/solutions") if (ROOT / f / "hidden_tests" / "07_inference").is_dir())
-    env = runpy.run_path(str(ROOT / folder / "hidden_tests" / "07_inference" / f"{question}.py"))
+    env = runpy.run_path(str(ROOT / "solutions" / "hidden_tests" / "07_inference" / f"{question}.py"))
     assert env["name"] == question
     cases = [v for v in env.values() if isinstance(v, test_case)]
     assert cases and all(c.hidden for c in cases)
@@ -1391,9 +1390,7 @@ def _attention_lab_module(tmp_path, starting: bool):
 
     import nbformat
 
-    name = "07_inference.ipynb"
-    folders = ("labs", "solutions", "drafts/solutions") if starting else ("solutions", "drafts/solutions")
-    path = next(ROOT / f / name for f in folders if (ROOT / f / name).is_file())
+    path = ROOT / ("labs" if starting else "solutions") / "07_inference.ipynb"
     keep = ("@triton.jit\ndef attention_kernel", "def flash_attention(", "BLOCK = 64")
     sources = [
         "import math\n\nimport torch\nimport triton\nimport triton.language as tl\n\nfrom kernels import hadamard"

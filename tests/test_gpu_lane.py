@@ -352,12 +352,13 @@ def test_a_part_caps_threads_logs_its_output_and_names_its_slowest(tree, monkeyp
     assert seen["env"]["OMP_NUM_THREADS"] == "5" and seen["out"] is None, "a thread count the user set is kept"
 
 
-def test_the_slowest_notebooks_of_the_last_run_start_first(tree, monkeypatch):
+def test_new_notebooks_then_the_slowest_of_the_last_run_start_first(tree, monkeypatch):
     _notebook(tree / "solutions/01.ipynb", "x = 1")
     assert gpu_lane.longest_first(tree) == ["book/01.ipynb", "labs/01.ipynb", "solutions/01.ipynb"], "no record"
     last = {"parts": {"notebooks": {"slowest_files": [["solutions/01.ipynb", 9.5], ["labs/01.ipynb", 2.0]]}}}
     (tree / gpu_lane.RECORD).write_text(json.dumps(last))
-    assert gpu_lane.longest_first(tree) == ["solutions/01.ipynb", "labs/01.ipynb", "book/01.ipynb"]
+    order = gpu_lane.longest_first(tree)
+    assert order == ["book/01.ipynb", "solutions/01.ipynb", "labs/01.ipynb"], "untimed (new) first, then slowest"
     seen = []
 
     def fake_run(cmd, cwd, env, stdout, stderr):
@@ -367,9 +368,9 @@ def test_the_slowest_notebooks_of_the_last_run_start_first(tree, monkeypatch):
     monkeypatch.setattr(gpu_lane.subprocess, "run", fake_run)
     monkeypatch.setattr(gpu_lane.metadata, "version", lambda name: "3.8.0")
     part = gpu_lane.run_part(tree, "notebooks", 2, [])
-    assert seen[0][-3:] == ["solutions/01.ipynb", "labs/01.ipynb", "book/01.ipynb"]
+    assert seen[0][-3:] == ["book/01.ipynb", "solutions/01.ipynb", "labs/01.ipynb"]
     assert "--no-loadscope-reorder" in seen[0], "xdist would reorder them by count of cells"
-    assert part["command"].endswith("solutions/01.ipynb labs/01.ipynb book/01.ipynb")
+    assert part["command"].endswith("book/01.ipynb solutions/01.ipynb labs/01.ipynb")
     monkeypatch.setattr(gpu_lane.metadata, "version", lambda name: "3.6.1")
     gpu_lane.run_part(tree, "notebooks", 2, [])
     assert "--no-loadscope-reorder" not in seen[1], "an older xdist would refuse the flag"
