@@ -657,7 +657,7 @@ def test_the_gemm_bound_catches_a_second_bf16_rounding():
     the bound is no looser than the contract."""
 
     def bf16_before_scales(a, b, sa, sb):
-        acc = (a.long() @ b.long().T).to(torch.bfloat16).float()
+        acc = (a.double() @ b.double().T).to(torch.bfloat16).float()  # exact: |sum| < 2^53, and CUDA has no int64 matmul
         return (acc * sa * sb.T).to(torch.bfloat16)
 
     with pytest.raises(AssertionError, match="bound 2\\^-8"):
@@ -717,7 +717,8 @@ def test_the_long_row_is_where_a_bf16_sum_starts_failing(block_n):
     short, long_row = (lab07._attn_nearly_equal(g, 64, n, 32) for n in (lab07.ATTN_LONG_N_K // 2, lab07.ATTN_LONG_N_K))
 
     def excess(case, **kw):
-        o = attention_variant(case.q, case.k, case.v, block_n=block_n, **kw).double()
+        q, k, v = (t.to(DEVICE) for t in (case.q, case.k, case.v))  # the cases are built on the host
+        o = attention_variant(q, k, v, block_n=block_n, **kw).double().cpu()
         want, _ = attention.attention_reference(case.q, case.k, case.v)
         return float(lab07._attn_excess(o, want, lab07.ATTN_TOL).max())
 

@@ -105,7 +105,8 @@ def test_a_compiled_model_is_one_graph_with_the_eager_bits(recipe):
 
 def test_a_compiled_layer_still_refuses_bad_input():
     layer = torch.compile(L.FP8Linear(64, 32, device=DEVICE), fullgraph=True)
-    with pytest.raises(Exception, match="in_features=64"):
+    # torch 2.11's Dynamo reports the ValueError inside its own error, the f-string's parts listed separately
+    with pytest.raises(Exception, match=r"(?s)x has shape.*in_features=.{0,40}64"):
         layer(torch.randn(4, 48, device=DEVICE))
 
 
