@@ -13,7 +13,7 @@ FIELDS = {
     "Tests": "tests/{}.py",
     "Benchmarks": "kernels/bench/{}.py",
 }
-TOOLING = {"__init__", "device", "testing", "numerics_probe", "gpu_lane", "_mode", "_bounds"}
+TOOLING = {"__init__", "device", "testing", "numerics_probe", "gpu_lane", "_mode", "_bounds", "diagrams"}
 
 
 def chapter_map() -> dict:
