@@ -38,7 +38,7 @@ for bsz, heads, n, d in ((4, 16, 4096, 128), (1, 16, 16384, 128)):
         same8 = torch.equal(old.flash_attention_fp8(q, k, v, causal), new.flash_attention_fp8(q, k, v, causal))
         flops = 4.0 * bsz * heads * n * n * d / (2 if causal else 1)
         shape = f"{bsz}x{heads}x{n}x{d}{' causal' if causal else ''}"
-        ours = (lambda q=q, k=k, v=v, c=causal: new.flash_attention(q, k, v, c))  # noqa: E731
+        ours = lambda q=q, k=k, v=v, c=causal: new.flash_attention(q, k, v, c)  # noqa: E731
         recs = measure("attention_ab", shape, "TFLOP/s", flops, ours, contenders(q, k, v, causal))
         print(
             f"{shape:<26} bits equal: bf16 {same}, fp8 {same8}; branch bf16 {recs[0]['ours']:6.1f} TFLOP/s; "
