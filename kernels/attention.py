@@ -33,6 +33,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import kernels
 from kernels.device import check_device
@@ -42,9 +43,13 @@ CAUSAL = {False: 0, True: 1, "top_left": 1, "bottom_right": 2}
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634
-# The same tiles on both lanes (the order of the online softmax's updates follows the key blocks).
-BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 64}
+# The same tiles on both lanes (the order of the online softmax's updates follows the key blocks):
+# 128 query rows by 128 keys; for head_dim 256, 64 keys and two stages, which keeps Q and the pipelined
+# K and V tiles inside shared memory.
+BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 128}
+BLOCKS_WIDE = {"BLOCK_M": 128, "BLOCK_N": 64}
 GPU_LAUNCH = {"num_warps": 8, "num_stages": 3}
+GPU_LAUNCH_WIDE = {"num_warps": 8, "num_stages": 2}
 FP8_BLOCK = 64  # rows of Q, K and V that share one FP8 scale; also the FP8 kernel's step along the keys
 FP8_BLOCK_M = 128  # query rows per program of the FP8 kernel: two blocks of scales, the bf16 kernel's tile
 FP8_GPU_LAUNCH = {"num_warps": 8, "num_stages": 3}
@@ -103,58 +108,51 @@ def _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL: tl.constexpr, M
 
 
 @triton.jit
-def _attn_block(acc, m_i, l_i, q, k_ptr, v_ptr, start_n, offs_m, offs_n, offs_d, shift, N_K, qk_scale,
-                D: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """One block of keys: scores, the online softmax's step, and ``P V`` added to the accumulator.  Only
-    a ``MASKED`` block masks its loads and its scores."""
-    cols = start_n + offs_n
-    k_ptrs = k_ptr + cols[:, None] * D + offs_d[None, :]
-    v_ptrs = v_ptr + cols[:, None] * D + offs_d[None, :]
-    if MASKED:
-        k = tl.load(k_ptrs, mask=cols[:, None] < N_K, other=0.0)
-    else:
-        k = tl.load(k_ptrs)
+def _attn_block(acc, m_i, l_i, q, k_desc, v_desc, bh, start_n, offs_m, offs_n, shift, N_K, qk_scale,
+                D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """One block of keys: scores, the online softmax's step, and ``P V`` added to the rescaled
+    accumulator inside the second product.  K and V arrive through TMA descriptors, which fill rows
+    past the end of the sequence with zeros; only a ``MASKED`` block masks its scores."""
+    k = k_desc.load([bh, start_n, 0]).reshape(BLOCK_N, D)
     s = tl.dot(q, k.T) * qk_scale  # fp32 scores, in log2 units
-    p, alpha, m_new, l_i = _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL, MASKED)
-    if MASKED:
-        v = tl.load(v_ptrs, mask=cols[:, None] < N_K, other=0.0)
-    else:
-        v = tl.load(v_ptrs)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    p, alpha, m_new, l_i = _softmax_step(s, start_n + offs_n, offs_m, shift, N_K, m_i, l_i, CAUSAL, MASKED)
+    v = v_desc.load([bh, start_n, 0]).reshape(BLOCK_N, D)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i
 
 
 @triton.jit
 def _attn_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, N_Q, N_K, qk_scale,
+    q_desc, k_desc, v_desc, o_ptr, lse_ptr, N_Q, N_K, qk_scale,
     D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     start_m = _query_block(BLOCK_M, CAUSAL)
-    bh = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(1)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + bh * N_Q * D + offs_m[:, None] * D + offs_d[None, :], mask=offs_m[:, None] < N_Q, other=0.0)
-    k_ptr += bh * N_K * D
-    v_ptr += bh * N_K * D
+    q = q_desc.load([bh, start_m, 0]).reshape(BLOCK_M, D)  # rows past N_Q come back as zeros
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     shift, full, hi = _key_range(start_m, BLOCK_M, BLOCK_N, N_Q, N_K, CAUSAL)
     for start_n in range(0, full, BLOCK_N):  # key blocks every row sees: no masks
         acc, m_i, l_i = _attn_block(
-            acc, m_i, l_i, q, k_ptr, v_ptr, start_n, offs_m, offs_n, offs_d, shift, N_K, qk_scale, D, CAUSAL, False
-        )
+            acc, m_i, l_i, q, k_desc, v_desc, bh, start_n, offs_m, offs_n, shift, N_K, qk_scale, D, BLOCK_N, CAUSAL,
+            False,
+        )  # fmt: skip
     for start_n in range(full, hi, BLOCK_N):  # the diagonal's blocks and the last, partial one
         acc, m_i, l_i = _attn_block(
-            acc, m_i, l_i, q, k_ptr, v_ptr, start_n, offs_m, offs_n, offs_d, shift, N_K, qk_scale, D, CAUSAL, True
-        )
+            acc, m_i, l_i, q, k_desc, v_desc, bh, start_n, offs_m, offs_n, shift, N_K, qk_scale, D, BLOCK_N, CAUSAL,
+            True,
+        )  # fmt: skip
     empty = l_i == 0.0  # every key masked: zeros, not 0 / 0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    tl.store(o_ptr + bh * N_Q * D + offs_m[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+    bh64 = bh.to(tl.int64)
+    tl.store(o_ptr + bh64 * N_Q * D + offs_m[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=offs_m[:, None] < N_Q)  # fmt: skip
     lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # log2 units
-    tl.store(lse_ptr + bh * N_Q + offs_m, lse, mask=offs_m < N_Q)
+    tl.store(lse_ptr + bh64 * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
 def _check_qkv(q, k, v):
@@ -175,7 +173,26 @@ def _check_qkv(q, k, v):
         )
     if q.shape[3] not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {list(HEAD_DIMS)}, got {q.shape[3]}")
-    return q.contiguous(), k.contiguous(), v.contiguous()
+    return _aligned(q), _aligned(k), _aligned(v)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous with a 16-byte-aligned address, as a TMA descriptor needs (a view that starts
+    mid-allocation is copied; the caller's tensor is never changed)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def tiles(head_dim: int) -> tuple:
+    """``(blocks, gpu_launch)`` of the bf16 kernel for ``head_dim``: the same tiles on both lanes."""
+    return (BLOCKS, GPU_LAUNCH) if head_dim <= 128 else (BLOCKS_WIDE, GPU_LAUNCH_WIDE)
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A TMA descriptor of ``t`` ``(B, H, N, D)`` viewed as ``(B * H, N, D)``, loading ``rows`` x D tiles
+    of one head (rows past N read as zeros, never the next head's)."""
+    b, h, n, d = t.shape
+    return TensorDescriptor.from_tensor(t.view(b * h, n, d), [1, rows, d])
 
 
 def _check_args(q, k, v, causal, scale) -> tuple:
@@ -196,28 +213,32 @@ def flash_attention(q, k, v, causal=False, scale: float | None = None, return_ls
     n_k = k.shape[2]
     o = torch.empty_like(q)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=q.device)
-    if o.numel():
-        launch = {} if kernels.INTERPRETER else GPU_LAUNCH
-        grid = (triton.cdiv(n_q, BLOCKS["BLOCK_M"]), b * h)
-        _attn_fwd_kernel[grid](q, k, v, o, lse, n_q, n_k, scale * LOG2E, D=d, CAUSAL=CAUSAL[causal], **BLOCKS, **launch)
+    if o.numel() and n_k:
+        blocks, gpu_launch = tiles(d)
+        launch = {} if kernels.INTERPRETER else gpu_launch
+        grid = (triton.cdiv(n_q, blocks["BLOCK_M"]), b * h)
+        descs = _descriptor(q, blocks["BLOCK_M"]), _descriptor(k, blocks["BLOCK_N"]), _descriptor(v, blocks["BLOCK_N"])
+        _attn_fwd_kernel[grid](*descs, o, lse, n_q, n_k, scale * LOG2E, D=d, CAUSAL=CAUSAL[causal], **blocks, **launch)
+    elif o.numel():  # no keys at all: every row is fully masked
+        o.zero_()
+        lse.fill_(float("-inf"))
     if return_lse:
         return o, lse / LOG2E
     return o
 
 
 @triton.jit
-def _attn_fp8_block(acc, m_i, l_i, q, sq, k_ptr, sk_ptr, vt_ptr, sv_ptr, start_n, offs_m, offs_n, offs_d, shift,
-                    N_K, NK_PAD, qk_scale, D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
-                    P_SCALE: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+def _attn_fp8_block(acc, m_i, l_i, q, sq, k_desc, sk_ptr, vt_desc, sv_ptr, bh, start_n, offs_m, offs_n, shift, N_K,
+                    qk_scale, D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr, P_SCALE: tl.constexpr,
+                    MASKED: tl.constexpr):  # fmt: skip
     """One block of ``BLOCK`` keys of the FP8 kernel (one scale for its K rows, one for its V rows);
     ``sq`` holds each query row's scale."""
-    cols = start_n + offs_n
     kb = start_n // BLOCK
-    k = tl.load(k_ptr + cols[:, None] * D + offs_d[None, :])  # padded to NK_PAD: no mask
+    k = k_desc.load([bh, start_n, 0]).reshape(BLOCK, D)  # padded to NK_PAD: no mask
     sk = tl.load(sk_ptr + kb)
     s = tl.dot(q, k.T) * (sq * sk * qk_scale)[:, None]
-    p, alpha, m_new, l_i = _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL, MASKED)
-    vt = tl.load(vt_ptr + offs_d[:, None] * NK_PAD + cols[None, :])  # (D, BLOCK)
+    p, alpha, m_new, l_i = _softmax_step(s, start_n + offs_n, offs_m, shift, N_K, m_i, l_i, CAUSAL, MASKED)
+    vt = vt_desc.load([bh, 0, start_n]).reshape(D, BLOCK)
     sv = tl.load(sv_ptr + kb)
     pv = tl.dot((p * P_SCALE).to(vt.dtype), vt.T)  # (BLOCK_M, D), fp32
     acc = acc * alpha[:, None] + pv * (sv / P_SCALE)
@@ -226,7 +247,7 @@ def _attn_fp8_block(acc, m_i, l_i, q, sq, k_ptr, sk_ptr, vt_ptr, sv_ptr, start_n
 
 @triton.jit
 def _attn_fwd_fp8_kernel(
-    q_ptr, sq_ptr, k_ptr, sk_ptr, vt_ptr, sv_ptr, o_ptr, N_Q, N_K, NQ_PAD, NK_PAD, qk_scale,
+    q_desc, sq_ptr, k_desc, sk_ptr, vt_desc, sv_ptr, o_ptr, N_Q, N_K, NQ_PAD, NK_PAD, qk_scale,
     D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, P_SCALE: tl.constexpr,
 ):  # fmt: skip
     # The bf16 kernel's loop with FP8 operands: Q and K codes (E4M3, one scale per BLOCK rows) for the
@@ -236,16 +257,13 @@ def _attn_fwd_fp8_kernel(
     # the K and V scales are one number per step.  Each block's two products come out of the tensor cores
     # in fp32 and are scaled there, so the scales never meet a code.
     start_m = _query_block(BLOCK_M, CAUSAL)
-    bh = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(1)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, D)
-    rows = offs_m < NQ_PAD  # Q is padded to a multiple of BLOCK, the tile may reach past it
-    q = tl.load(q_ptr + bh * NQ_PAD * D + offs_m[:, None] * D + offs_d[None, :], mask=rows[:, None], other=0.0)
-    sq = tl.load(sq_ptr + bh * (NQ_PAD // BLOCK) + offs_m // BLOCK, mask=rows, other=0.0)
-    k_ptr += bh * NK_PAD * D
+    q = q_desc.load([bh, start_m, 0]).reshape(BLOCK_M, D)  # rows past NQ_PAD come back as zeros
+    sq = tl.load(sq_ptr + bh * (NQ_PAD // BLOCK) + offs_m // BLOCK, mask=offs_m < NQ_PAD, other=0.0)
     sk_ptr += bh * (NK_PAD // BLOCK)
-    vt_ptr += bh * D * NK_PAD
     sv_ptr += bh * (NK_PAD // BLOCK)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -253,16 +271,15 @@ def _attn_fwd_fp8_kernel(
     shift, full, hi = _key_range(start_m, BLOCK_M, BLOCK, N_Q, N_K, CAUSAL)
     # fmt: off
     for start_n in range(0, full, BLOCK):  # key blocks every row sees: no mask
-        acc, m_i, l_i = _attn_fp8_block(acc, m_i, l_i, q, sq, k_ptr, sk_ptr, vt_ptr, sv_ptr, start_n, offs_m,
-                                        offs_n, offs_d, shift, N_K, NK_PAD, qk_scale, D, CAUSAL, BLOCK, P_SCALE,
-                                        False)
+        acc, m_i, l_i = _attn_fp8_block(acc, m_i, l_i, q, sq, k_desc, sk_ptr, vt_desc, sv_ptr, bh, start_n, offs_m,
+                                        offs_n, shift, N_K, qk_scale, D, CAUSAL, BLOCK, P_SCALE, False)
     for start_n in range(full, hi, BLOCK):  # the diagonal's blocks and the last, partial one
-        acc, m_i, l_i = _attn_fp8_block(acc, m_i, l_i, q, sq, k_ptr, sk_ptr, vt_ptr, sv_ptr, start_n, offs_m,
-                                        offs_n, offs_d, shift, N_K, NK_PAD, qk_scale, D, CAUSAL, BLOCK, P_SCALE,
-                                        True)
+        acc, m_i, l_i = _attn_fp8_block(acc, m_i, l_i, q, sq, k_desc, sk_ptr, vt_desc, sv_ptr, bh, start_n, offs_m,
+                                        offs_n, shift, N_K, qk_scale, D, CAUSAL, BLOCK, P_SCALE, True)
     # fmt: on
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(o_ptr + bh * N_Q * D + offs_m[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+    bh64 = bh.to(tl.int64)
+    tl.store(o_ptr + bh64 * N_Q * D + offs_m[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=offs_m[:, None] < N_Q)  # fmt: skip
 
 
@@ -291,6 +308,10 @@ def flash_attention_fp8(q, k, v, causal=False, scale: float | None = None, hadam
     q, k, v, scale = _check_args(q, k, v, causal, scale)
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
+    if d < 32:
+        raise ValueError(
+            f"head_dim must be at least 32 for FP8 attention (an FP8 tensor-core product needs K >= 32), got {d}"
+        )
     if hadamard:
         from kernels import hadamard as HD
 
@@ -306,8 +327,13 @@ def flash_attention_fp8(q, k, v, causal=False, scale: float | None = None, hadam
     vt = v8.transpose(2, 3).contiguous()  # (B, H, D, N_pad): codes moved, not requantized
     launch = {} if kernels.INTERPRETER else FP8_GPU_LAUNCH
     grid = (triton.cdiv(n_q, FP8_BLOCK_M), b * h)
+    descs = (
+        TensorDescriptor.from_tensor(q8.view(b * h, -1, d), [1, FP8_BLOCK_M, d]),
+        TensorDescriptor.from_tensor(k8.view(b * h, -1, d), [1, FP8_BLOCK, d]),
+        TensorDescriptor.from_tensor(vt.view(b * h, d, -1), [1, d, FP8_BLOCK]),
+    )
     _attn_fwd_fp8_kernel[grid](
-        q8, sq, k8, sk, vt, sv, o, n_q, n_k, q8.shape[2], k8.shape[2], scale * LOG2E,
+        descs[0], sq, descs[1], sk, descs[2], sv, o, n_q, n_k, q8.shape[2], k8.shape[2], scale * LOG2E,
         D=d, CAUSAL=CAUSAL[causal], BLOCK_M=FP8_BLOCK_M, BLOCK=FP8_BLOCK, P_SCALE=P_SCALE, **launch,
     )  # fmt: skip
     return o
