@@ -21,7 +21,7 @@ otherwise the other part is dropped and has to be run again.
 Both parts (the default) run side by side, their workers splitting the CPUs (:func:`split_workers`), each
 pytest's output in its own log; each part is written to the record as soon as it ends, so a run cut short
 keeps the part it finished, and the other can be run alone.  Each part's record also names its slowest
-items and every file's time, and the next run of part ``notebooks`` starts the notebooks it did not time, then the
+items and every file's time, and the next run of part ``notebooks`` starts the notebooks it did not run, then the
 slowest (:func:`longest_first`).
 """
 
@@ -226,19 +226,21 @@ def slowest(path, n: int = 10) -> dict:
 
 def longest_first(root) -> list:
     """The notebooks of part ``notebooks`` in the order to start them: those the last recorded run did not
-    time (new ones, whose length is unknown, so that a long one cannot start last and end the part late),
-    in path order, then the others, slowest first.  The part's wall time is at least its longest
+    run at all (new ones, whose length is unknown, so that a long one cannot start last and end the part
+    late), in path order; then those it ran, slowest first (a notebook it ran but did not time, from a
+    record that kept only the slowest, counts as fast).  The part's wall time is at least its longest
     notebook's, so that one must start at once: given folders, xdist queues notebooks by their count of
     cells, and a long notebook queued behind another's long last cells once made the part 90 s longer than
     its longest notebook."""
     root = Path(root)
     notebooks = [p for p in covered(root) if p.endswith(".ipynb") and p.split("/")[0] in PARTS["notebooks"]]
     try:
-        last = json.loads((root / RECORD).read_text())["parts"]["notebooks"]["slowest_files"]
-        seconds = {str(path): float(t) for path, t in last}
+        last = json.loads((root / RECORD).read_text())["parts"]["notebooks"]
+        seconds = {str(path): float(t) for path, t in last["slowest_files"]}
+        ran = {arg for arg in str(last["command"]).split() if arg.endswith(".ipynb")} | set(seconds)
     except (OSError, ValueError, KeyError, TypeError):
-        seconds = {}
-    return sorted(notebooks, key=lambda p: (p in seconds, -seconds.get(p, 0.0), p))
+        seconds, ran = {}, set()
+    return sorted(notebooks, key=lambda p: (p in ran, -seconds.get(p, 0.0), p))
 
 
 def _xdist_keeps_order() -> bool:

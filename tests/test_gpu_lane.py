@@ -355,10 +355,19 @@ def test_a_part_caps_threads_logs_its_output_and_names_its_slowest(tree, monkeyp
 def test_new_notebooks_then_the_slowest_of_the_last_run_start_first(tree, monkeypatch):
     _notebook(tree / "solutions/01.ipynb", "x = 1")
     assert gpu_lane.longest_first(tree) == ["book/01.ipynb", "labs/01.ipynb", "solutions/01.ipynb"], "no record"
-    last = {"parts": {"notebooks": {"slowest_files": [["solutions/01.ipynb", 9.5], ["labs/01.ipynb", 2.0]]}}}
+    timed = [["solutions/01.ipynb", 9.5], ["labs/01.ipynb", 2.0]]
+    last = {"parts": {"notebooks": {"command": "pytest labs/01.ipynb solutions/01.ipynb", "slowest_files": timed}}}
     (tree / gpu_lane.RECORD).write_text(json.dumps(last))
     order = gpu_lane.longest_first(tree)
-    assert order == ["book/01.ipynb", "solutions/01.ipynb", "labs/01.ipynb"], "untimed (new) first, then slowest"
+    assert order == ["book/01.ipynb", "solutions/01.ipynb", "labs/01.ipynb"], "new first, then slowest"
+    # a record that kept only the slowest files: a notebook it ran without a time is fast, not new
+    last["parts"]["notebooks"].update(
+        command="pytest solutions/01.ipynb book/01.ipynb labs/01.ipynb", slowest_files=timed[:1]
+    )
+    (tree / gpu_lane.RECORD).write_text(json.dumps(last))
+    assert gpu_lane.longest_first(tree) == ["solutions/01.ipynb", "book/01.ipynb", "labs/01.ipynb"]
+    last["parts"]["notebooks"].update(command="pytest solutions/01.ipynb labs/01.ipynb", slowest_files=timed)
+    (tree / gpu_lane.RECORD).write_text(json.dumps(last))
     seen = []
 
     def fake_run(cmd, cwd, env, stdout, stderr):
