@@ -51,8 +51,8 @@ BLOCKS_WIDE = {"BLOCK_M": 128, "BLOCK_N": 64}
 GPU_LAUNCH = {"num_warps": 8, "num_stages": 3}
 GPU_LAUNCH_WIDE = {"num_warps": 8, "num_stages": 2}
 FP8_BLOCK = 64  # rows of Q, K and V that share one FP8 scale; also the FP8 kernel's step along the keys
-FP8_BLOCK_M = 128  # query rows per program of the FP8 kernel: two blocks of scales, the bf16 kernel's tile
-FP8_GPU_LAUNCH = {"num_warps": 8, "num_stages": 3}
+FP8_BLOCK_M = 64  # query rows per program of the FP8 kernel: one block of Q's scales, one warp group
+FP8_GPU_LAUNCH = {"num_warps": 4, "num_stages": 3}
 # The attention forward's output against float64 attention, by the dtype of its products (atol = rtol).
 TOLERANCES = {
     "bf16": Tolerance(
@@ -253,8 +253,8 @@ def _attn_fwd_fp8_kernel(
     # The bf16 kernel's loop with FP8 operands: Q and K codes (E4M3, one scale per BLOCK rows) for the
     # scores, 256 P (E4M3) and V's codes (one scale per BLOCK keys, stored transposed so that both
     # operands of P V are K-major, as FP8 tensor cores want) for the output.  A program owns BLOCK_M query
-    # rows, a multiple of BLOCK, so each row carries its own block's scale; the keys go BLOCK at a time, so
-    # the K and V scales are one number per step.  Each block's two products come out of the tensor cores
+    # rows and loads each row's own block's scale (one block when BLOCK_M == BLOCK); the keys go BLOCK at a
+    # time, so the K and V scales are one number per step.  Each block's two products come out of the tensor cores
     # in fp32 and are scaled there, so the scales never meet a code.
     start_m = _query_block(BLOCK_M, CAUSAL)
     bh = tl.program_id(1)
