@@ -33,6 +33,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import kernels
 from kernels.device import check_device
@@ -42,10 +43,15 @@ CAUSAL = {False: 0, True: 1, "top_left": 1, "bottom_right": 2}
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634
-# The same tiles on both lanes (the order of the online softmax's updates follows the key blocks).
-BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 64}
+# The same tiles on both lanes (the order of the online softmax's updates follows the key blocks):
+# 128 query rows by 128 keys; for head_dim 256, 64 keys and two stages, which keeps Q and the pipelined
+# K and V tiles inside shared memory.
+BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 128}
+BLOCKS_WIDE = {"BLOCK_M": 128, "BLOCK_N": 64}
 GPU_LAUNCH = {"num_warps": 8, "num_stages": 3}
-FP8_BLOCK = 64  # rows of Q, K and V that share one FP8 scale; also the FP8 kernel's tiles
+GPU_LAUNCH_WIDE = {"num_warps": 8, "num_stages": 2}
+FP8_BLOCK = 64  # rows of Q, K and V that share one FP8 scale; also the FP8 kernel's step along the keys
+FP8_BLOCK_M = 64  # query rows per program of the FP8 kernel: one block of Q's scales, one warp group
 FP8_GPU_LAUNCH = {"num_warps": 4, "num_stages": 3}
 # The attention forward's output against float64 attention, by the dtype of its products (atol = rtol).
 TOLERANCES = {
@@ -58,25 +64,42 @@ P_SCALE = 256.0  # P in [0, 1] is cast to E4M3 as 256 P (exact: a power of two),
 
 
 @triton.jit
-def _key_range(start_m, BLOCK_M: tl.constexpr, N_Q, N_K, CAUSAL: tl.constexpr):
-    """``(shift, hi)``: key j is visible to query i if j <= i + shift (causal), and no key block from
-    ``hi`` on holds a key visible to rows start_m .. start_m + BLOCK_M - 1."""
+def _key_range(start_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, N_Q, N_K, CAUSAL: tl.constexpr):
+    """``(shift, full, hi)``: key j is visible to query i if j <= i + shift (causal); the key blocks before
+    ``full`` (a multiple of ``BLOCK_N``) are visible to every row of start_m .. start_m + BLOCK_M - 1 and
+    lie inside N_K, so they need no mask; the blocks from ``full`` to ``hi`` need one; no block from ``hi``
+    on holds a key visible to any of the rows."""
     shift = 0 if CAUSAL != 2 else N_K - N_Q
     hi = N_K
-    if CAUSAL != 0:  # no key block beyond the last row's diagonal
+    full = (N_K // BLOCK_N) * BLOCK_N
+    if CAUSAL != 0:  # no key block beyond the last row's diagonal; none masked before the first row's
         hi = tl.minimum(N_K, tl.maximum(start_m + BLOCK_M + shift, 0))
-    return shift, hi
+        full = tl.minimum(full, (tl.maximum(start_m + shift + 1, 0) // BLOCK_N) * BLOCK_N)
+    return shift, full, hi
 
 
 @triton.jit
-def _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL: tl.constexpr):
-    """One key block of the online softmax: mask the scores ``s`` (log2 units), move the running maximum,
-    and return ``(p, alpha, m_new, l_new)``, where the caller rescales its accumulator by ``alpha`` and
-    adds ``p V``.  A row with nothing visible yet takes its exponentials against 0, not -inf."""
-    visible = cols[None, :] < N_K
+def _query_block(BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """The query block of this program.  With a causal mask the last blocks see the most keys, so they
+    are given the first program ids, which the GPU starts first: the long programs do not end the grid
+    alone.  (The order changes no result: each program's rows are computed the same way.)"""
+    pid = tl.program_id(0)
     if CAUSAL != 0:
-        visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
-    s = tl.where(visible, s, float("-inf"))
+        pid = tl.num_programs(0) - 1 - pid
+    return pid * BLOCK_M
+
+
+@triton.jit
+def _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+    """One key block of the online softmax: mask the scores ``s`` (log2 units; ``MASKED`` False for a
+    block that :func:`_key_range` found visible to every row), move the running maximum, and return
+    ``(p, alpha, m_new, l_new)``, where the caller rescales its accumulator by ``alpha`` and adds ``p V``.
+    A row with nothing visible yet takes its exponentials against 0, not -inf."""
+    if MASKED:
+        visible = cols[None, :] < N_K
+        if CAUSAL != 0:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+        s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     base = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - base)
@@ -85,34 +108,51 @@ def _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _attn_block(acc, m_i, l_i, q, k_desc, v_desc, bh, start_n, offs_m, offs_n, shift, N_K, qk_scale,
+                D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """One block of keys: scores, the online softmax's step, and ``P V`` added to the rescaled
+    accumulator inside the second product.  K and V arrive through TMA descriptors, which fill rows
+    past the end of the sequence with zeros; only a ``MASKED`` block masks its scores."""
+    k = k_desc.load([bh, start_n, 0]).reshape(BLOCK_N, D)
+    s = tl.dot(q, k.T) * qk_scale  # fp32 scores, in log2 units
+    p, alpha, m_new, l_i = _softmax_step(s, start_n + offs_n, offs_m, shift, N_K, m_i, l_i, CAUSAL, MASKED)
+    v = v_desc.load([bh, start_n, 0]).reshape(BLOCK_N, D)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _attn_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, N_Q, N_K, qk_scale,
+    q_desc, k_desc, v_desc, o_ptr, lse_ptr, N_Q, N_K, qk_scale,
     D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
+    start_m = _query_block(BLOCK_M, CAUSAL)
+    bh = tl.program_id(1)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + bh * N_Q * D + offs_m[:, None] * D + offs_d[None, :], mask=offs_m[:, None] < N_Q, other=0.0)
+    q = q_desc.load([bh, start_m, 0]).reshape(BLOCK_M, D)  # rows past N_Q come back as zeros
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    shift, hi = _key_range(start_m, BLOCK_M, N_Q, N_K, CAUSAL)
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        k = tl.load(k_ptr + bh * N_K * D + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
-        s = tl.dot(q, k.T) * qk_scale  # fp32 scores, in log2 units
-        p, alpha, m_new, l_i = _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL)
-        v = tl.load(v_ptr + bh * N_K * D + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    shift, full, hi = _key_range(start_m, BLOCK_M, BLOCK_N, N_Q, N_K, CAUSAL)
+    for start_n in range(0, full, BLOCK_N):  # key blocks every row sees: no masks
+        acc, m_i, l_i = _attn_block(
+            acc, m_i, l_i, q, k_desc, v_desc, bh, start_n, offs_m, offs_n, shift, N_K, qk_scale, D, BLOCK_N, CAUSAL,
+            False,
+        )  # fmt: skip
+    for start_n in range(full, hi, BLOCK_N):  # the diagonal's blocks and the last, partial one
+        acc, m_i, l_i = _attn_block(
+            acc, m_i, l_i, q, k_desc, v_desc, bh, start_n, offs_m, offs_n, shift, N_K, qk_scale, D, BLOCK_N, CAUSAL,
+            True,
+        )  # fmt: skip
     empty = l_i == 0.0  # every key masked: zeros, not 0 / 0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    tl.store(o_ptr + bh * N_Q * D + offs_m[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+    bh64 = bh.to(tl.int64)
+    tl.store(o_ptr + bh64 * N_Q * D + offs_m[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=offs_m[:, None] < N_Q)  # fmt: skip
     lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # log2 units
-    tl.store(lse_ptr + bh * N_Q + offs_m, lse, mask=offs_m < N_Q)
+    tl.store(lse_ptr + bh64 * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
 def _check_qkv(q, k, v):
@@ -133,7 +173,26 @@ def _check_qkv(q, k, v):
         )
     if q.shape[3] not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {list(HEAD_DIMS)}, got {q.shape[3]}")
-    return q.contiguous(), k.contiguous(), v.contiguous()
+    return _aligned(q), _aligned(k), _aligned(v)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous with a 16-byte-aligned address, as a TMA descriptor needs (a view that starts
+    mid-allocation is copied; the caller's tensor is never changed)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def tiles(head_dim: int) -> tuple:
+    """``(blocks, gpu_launch)`` of the bf16 kernel for ``head_dim``: the same tiles on both lanes."""
+    return (BLOCKS, GPU_LAUNCH) if head_dim <= 128 else (BLOCKS_WIDE, GPU_LAUNCH_WIDE)
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A TMA descriptor of ``t`` ``(B, H, N, D)`` viewed as ``(B * H, N, D)``, loading ``rows`` x D tiles
+    of one head (rows past N read as zeros, never the next head's)."""
+    b, h, n, d = t.shape
+    return TensorDescriptor.from_tensor(t.view(b * h, n, d), [1, rows, d])
 
 
 def _check_args(q, k, v, causal, scale) -> tuple:
@@ -154,49 +213,73 @@ def flash_attention(q, k, v, causal=False, scale: float | None = None, return_ls
     n_k = k.shape[2]
     o = torch.empty_like(q)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=q.device)
-    if o.numel():
-        launch = {} if kernels.INTERPRETER else GPU_LAUNCH
-        grid = (triton.cdiv(n_q, BLOCKS["BLOCK_M"]), b * h)
-        _attn_fwd_kernel[grid](q, k, v, o, lse, n_q, n_k, scale * LOG2E, D=d, CAUSAL=CAUSAL[causal], **BLOCKS, **launch)
+    if o.numel() and n_k:
+        blocks, gpu_launch = tiles(d)
+        launch = {} if kernels.INTERPRETER else gpu_launch
+        grid = (triton.cdiv(n_q, blocks["BLOCK_M"]), b * h)
+        descs = _descriptor(q, blocks["BLOCK_M"]), _descriptor(k, blocks["BLOCK_N"]), _descriptor(v, blocks["BLOCK_N"])
+        _attn_fwd_kernel[grid](*descs, o, lse, n_q, n_k, scale * LOG2E, D=d, CAUSAL=CAUSAL[causal], **blocks, **launch)
+    elif o.numel():  # no keys at all: every row is fully masked
+        o.zero_()
+        lse.fill_(float("-inf"))
     if return_lse:
         return o, lse / LOG2E
     return o
 
 
 @triton.jit
+def _attn_fp8_block(acc, m_i, l_i, q, sq, k_desc, sk_ptr, vt_desc, sv_ptr, bh, start_n, offs_m, offs_n, shift, N_K,
+                    qk_scale, D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr, P_SCALE: tl.constexpr,
+                    MASKED: tl.constexpr):  # fmt: skip
+    """One block of ``BLOCK`` keys of the FP8 kernel (one scale for its K rows, one for its V rows);
+    ``sq`` holds each query row's scale."""
+    kb = start_n // BLOCK
+    k = k_desc.load([bh, start_n, 0]).reshape(BLOCK, D)  # padded to NK_PAD: no mask
+    sk = tl.load(sk_ptr + kb)
+    s = tl.dot(q, k.T) * (sq * sk * qk_scale)[:, None]
+    p, alpha, m_new, l_i = _softmax_step(s, start_n + offs_n, offs_m, shift, N_K, m_i, l_i, CAUSAL, MASKED)
+    vt = vt_desc.load([bh, 0, start_n]).reshape(D, BLOCK)
+    sv = tl.load(sv_ptr + kb)
+    pv = tl.dot((p * P_SCALE).to(vt.dtype), vt.T)  # (BLOCK_M, D), fp32
+    acc = acc * alpha[:, None] + pv * (sv / P_SCALE)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _attn_fwd_fp8_kernel(
-    q_ptr, sq_ptr, k_ptr, sk_ptr, vt_ptr, sv_ptr, o_ptr, N_Q, N_K, NQ_PAD, NK_PAD, qk_scale,
-    D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr, P_SCALE: tl.constexpr,
+    q_desc, sq_ptr, k_desc, sk_ptr, vt_desc, sv_ptr, o_ptr, N_Q, N_K, NQ_PAD, NK_PAD, qk_scale,
+    D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, P_SCALE: tl.constexpr,
 ):  # fmt: skip
     # The bf16 kernel's loop with FP8 operands: Q and K codes (E4M3, one scale per BLOCK rows) for the
     # scores, 256 P (E4M3) and V's codes (one scale per BLOCK keys, stored transposed so that both
-    # operands of P V are K-major, as FP8 tensor cores want) for the output.  Each block's two products
-    # come out of the tensor cores in fp32 and are scaled there, so the scales never meet a code.
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
+    # operands of P V are K-major, as FP8 tensor cores want) for the output.  A program owns BLOCK_M query
+    # rows and loads each row's own block's scale (one block when BLOCK_M == BLOCK); the keys go BLOCK at a
+    # time, so the K and V scales are one number per step.  Each block's two products come out of the tensor cores
+    # in fp32 and are scaled there, so the scales never meet a code.
+    start_m = _query_block(BLOCK_M, CAUSAL)
+    bh = tl.program_id(1)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + bh * NQ_PAD * D + offs_m[:, None] * D + offs_d[None, :])  # padded: no mask
-    sq = tl.load(sq_ptr + bh * (NQ_PAD // BLOCK) + pid_m)
-    m_i = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK], dtype=tl.float32)
-    acc = tl.zeros([BLOCK, D], dtype=tl.float32)
-    shift, hi = _key_range(pid_m * BLOCK, BLOCK, N_Q, N_K, CAUSAL)
-    for start_n in range(0, hi, BLOCK):
-        cols = start_n + offs_n
-        kb = start_n // BLOCK
-        k = tl.load(k_ptr + bh * NK_PAD * D + cols[:, None] * D + offs_d[None, :])
-        sk = tl.load(sk_ptr + bh * (NK_PAD // BLOCK) + kb)
-        s = tl.dot(q, k.T) * (sq * sk * qk_scale)
-        p, alpha, m_new, l_i = _softmax_step(s, cols, offs_m, shift, N_K, m_i, l_i, CAUSAL)
-        vt = tl.load(vt_ptr + bh * D * NK_PAD + offs_d[:, None] * NK_PAD + cols[None, :])  # (D, BLOCK)
-        sv = tl.load(sv_ptr + bh * (NK_PAD // BLOCK) + kb)
-        pv = tl.dot((p * P_SCALE).to(vt.dtype), vt.T)  # (BLOCK, D), fp32
-        acc = acc * alpha[:, None] + pv * (sv / P_SCALE)
-        m_i = m_new
+    q = q_desc.load([bh, start_m, 0]).reshape(BLOCK_M, D)  # rows past NQ_PAD come back as zeros
+    sq = tl.load(sq_ptr + bh * (NQ_PAD // BLOCK) + offs_m // BLOCK, mask=offs_m < NQ_PAD, other=0.0)
+    sk_ptr += bh * (NK_PAD // BLOCK)
+    sv_ptr += bh * (NK_PAD // BLOCK)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    shift, full, hi = _key_range(start_m, BLOCK_M, BLOCK, N_Q, N_K, CAUSAL)
+    # fmt: off
+    for start_n in range(0, full, BLOCK):  # key blocks every row sees: no mask
+        acc, m_i, l_i = _attn_fp8_block(acc, m_i, l_i, q, sq, k_desc, sk_ptr, vt_desc, sv_ptr, bh, start_n, offs_m,
+                                        offs_n, shift, N_K, qk_scale, D, CAUSAL, BLOCK, P_SCALE, False)
+    for start_n in range(full, hi, BLOCK):  # the diagonal's blocks and the last, partial one
+        acc, m_i, l_i = _attn_fp8_block(acc, m_i, l_i, q, sq, k_desc, sk_ptr, vt_desc, sv_ptr, bh, start_n, offs_m,
+                                        offs_n, shift, N_K, qk_scale, D, CAUSAL, BLOCK, P_SCALE, True)
+    # fmt: on
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(o_ptr + bh * N_Q * D + offs_m[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+    bh64 = bh.to(tl.int64)
+    tl.store(o_ptr + bh64 * N_Q * D + offs_m[:, None] * D + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=offs_m[:, None] < N_Q)  # fmt: skip
 
 
@@ -225,6 +308,10 @@ def flash_attention_fp8(q, k, v, causal=False, scale: float | None = None, hadam
     q, k, v, scale = _check_args(q, k, v, causal, scale)
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
+    if d < 32:
+        raise ValueError(
+            f"head_dim must be at least 32 for FP8 attention (an FP8 tensor-core product needs K >= 32), got {d}"
+        )
     if hadamard:
         from kernels import hadamard as HD
 
@@ -239,10 +326,15 @@ def flash_attention_fp8(q, k, v, causal=False, scale: float | None = None, hadam
     v8, sv = _blocks_fp8(v, FP8_BLOCK)
     vt = v8.transpose(2, 3).contiguous()  # (B, H, D, N_pad): codes moved, not requantized
     launch = {} if kernels.INTERPRETER else FP8_GPU_LAUNCH
-    grid = (triton.cdiv(n_q, FP8_BLOCK), b * h)
+    grid = (triton.cdiv(n_q, FP8_BLOCK_M), b * h)
+    descs = (
+        TensorDescriptor.from_tensor(q8.view(b * h, -1, d), [1, FP8_BLOCK_M, d]),
+        TensorDescriptor.from_tensor(k8.view(b * h, -1, d), [1, FP8_BLOCK, d]),
+        TensorDescriptor.from_tensor(vt.view(b * h, d, -1), [1, d, FP8_BLOCK]),
+    )
     _attn_fwd_fp8_kernel[grid](
-        q8, sq, k8, sk, vt, sv, o, n_q, n_k, q8.shape[2], k8.shape[2], scale * LOG2E,
-        D=d, CAUSAL=CAUSAL[causal], BLOCK=FP8_BLOCK, P_SCALE=P_SCALE, **launch,
+        descs[0], sq, descs[1], sk, descs[2], sv, o, n_q, n_k, q8.shape[2], k8.shape[2], scale * LOG2E,
+        D=d, CAUSAL=CAUSAL[causal], BLOCK_M=FP8_BLOCK_M, BLOCK=FP8_BLOCK, P_SCALE=P_SCALE, **launch,
     )  # fmt: skip
     return o
 

@@ -24,6 +24,13 @@ Scales are *reconstruction* scales ``S`` (``x ~= S * q``), what :mod:`kernels.qu
   also the *promotion* that repairs Hopper's FP8 accumulator, which keeps only ~13-14 bits when one
   ``tl.dot`` chain runs over all of K (Triton's default on sm_90, like cuBLAS's "fast accumulation").
 
+Epilogue
+--------
+After the K loop, in fp32 and in this order: the scales (tensorwise and rowwise; block scales are
+already in), ``+ bias`` (``(N,)`` in bf16, fp16 or fp32, widened to fp32), the activation (``"relu"`` or
+``"silu"``, :data:`ACTIVATIONS`), and one rounding to ``out_dtype``.  :func:`fp8_gemm_reference` states the
+same contract in float64; a different order is a different function (chapter 5 shows one caught).
+
 Kernels
 -------
 * :func:`fp8_gemm_v1`: one output tile per program in row-major launch order, pointer loads, tensorwise
@@ -58,6 +65,8 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _REF_DTYPES = (*OUT_DTYPES, torch.float64)
 SCALINGS = ("tensor", "row", "block")  # the kernels' SCALING: tl.constexpr takes these names
+ACTIVATIONS = (None, "relu", "silu")  # what the epilogue may apply after the bias
+BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 BLOCK_GROUP = 128  # the K-extent (and weight-row extent) of one block scale
 KERNELS = ("persistent", "grouped")
 
@@ -234,6 +243,20 @@ def _epilogue_scale(acc, as_ptr, bs_ptr, offs_m, offs_n, M, N, SCALING: tl.const
     return acc
 
 
+@triton.jit
+def _epilogue_ops(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+    """The rest of the epilogue, in fp32 after the dequantization: the bias (one per output column,
+    widened to fp32), then the activation; the caller rounds to the output dtype once.  ReLU keeps a
+    NaN a NaN (``x < 0`` is false for it); SiLU is ``x / (1 + exp(-x))``."""
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    if ACTIVATION == "relu":
+        acc = tl.where(acc < 0.0, 0.0, acc)
+    elif ACTIVATION == "silu":
+        acc = acc / (1.0 + tl.exp(-acc))
+    return acc
+
+
 # -- v1: one tile per program, tensorwise ---------------------------------------------------------
 
 
@@ -284,8 +307,8 @@ def fp8_gemm_v1(a, b, a_scale, b_scale, out_dtype=torch.bfloat16) -> torch.Tenso
 
 @triton.jit
 def _fp8_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, K,
-    SCALING: tl.constexpr, UPCAST: tl.constexpr,
+    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K,
+    SCALING: tl.constexpr, UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -315,11 +338,13 @@ def _fp8_gemm_kernel(
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     acc = _epilogue_scale(acc, as_ptr, bs_ptr, offs_m, offs_n, M, N, SCALING)
+    acc = _epilogue_ops(acc, bias_ptr, offs_n, N, HAS_BIAS, ACTIVATION)
     c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-_fp8_gemm_tuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "SCALING", "UPCAST"])(_fp8_gemm_kernel)
+_TUNING_KEY = ["M", "N", "K", "SCALING", "UPCAST", "HAS_BIAS", "ACTIVATION"]
+_fp8_gemm_tuned = triton.autotune(configs=CONFIGS, key=_TUNING_KEY)(_fp8_gemm_kernel)
 
 
 # -- persistent, TMA descriptors -------------------------------------------------------------------
@@ -327,8 +352,9 @@ _fp8_gemm_tuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "SCALING"
 
 @triton.jit
 def _fp8_gemm_persistent_kernel(
-    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, K,
-    SCALING: tl.constexpr, UPCAST: tl.constexpr, NUM_SMS: tl.constexpr,
+    a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K,
+    SCALING: tl.constexpr, UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    NUM_SMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
 ):  # fmt: skip
@@ -365,6 +391,7 @@ def _fp8_gemm_persistent_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _epilogue_scale(acc, as_ptr, bs_ptr, offs_m, offs_n, M, N, SCALING)
+        acc = _epilogue_ops(acc, bias_ptr, offs_n, N, HAS_BIAS, ACTIVATION)
         c = acc.to(c_ptr.dtype.element_ty)
         if EPILOGUE_SUBTILE:  # columns [0, BN/2) and [BN/2, BN) as two stores
             c0, c1 = tl.split(tl.permute(tl.reshape(c, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
@@ -374,9 +401,7 @@ def _fp8_gemm_persistent_kernel(
             c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c)
 
 
-_fp8_gemm_persistent_tuned = triton.autotune(configs=PERSISTENT_CONFIGS, key=["M", "N", "K", "SCALING", "UPCAST"])(
-    _fp8_gemm_persistent_kernel
-)
+_fp8_gemm_persistent_tuned = triton.autotune(configs=PERSISTENT_CONFIGS, key=_TUNING_KEY)(_fp8_gemm_persistent_kernel)
 
 
 _LAUNCH_PERSISTENT = Launcher(_fp8_gemm_persistent_tuned)  # tuned once per shape, then launched directly
@@ -399,9 +424,11 @@ def tma_ok(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
 
 
 def fp8_gemm(
-    a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.bfloat16, kernel: str = "persistent"
-) -> torch.Tensor:
-    """``C = (S_a * a) @ (S_b * b)^T`` in ``out_dtype`` (bf16 by default); see the module docstring.
+    a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.bfloat16, kernel: str = "persistent",
+    bias=None, activation=None,
+) -> torch.Tensor:  # fmt: skip
+    """``C = act((S_a * a) @ (S_b * b)^T + bias)`` in ``out_dtype`` (bf16 by default); see the module
+    docstring, whose "Epilogue" section gives the order of the epilogue's steps.
 
     ``a`` ``(M, K)`` e4m3/e5m2 codes, ``b`` ``(N, K)`` e4m3/e5m2 codes (not both e5m2); ``a_scale``,
     ``b_scale`` fp32 reconstruction scales shaped by ``scaling``: "tensor" (one element each), "row"
@@ -409,11 +436,30 @@ def fp8_gemm(
     fp32 promotion of every 128-K partial product).  ``kernel="persistent"`` (TMA, one program per SM;
     falls back to "grouped" when the layout is not TMA-aligned) or ``"grouped"`` (pointer loads, one
     tile per program; also used before sm_90, which has no TMA).  Both are autotuned on a GPU over
-    :data:`CONFIGS` and use :data:`CPU_CONFIG` in CPU mode."""
+    :data:`CONFIGS` and use :data:`CPU_CONFIG` in CPU mode.  ``bias``: ``None`` or ``(N,)`` in bf16,
+    fp16 or fp32, added in fp32; ``activation``: one of :data:`ACTIVATIONS`, applied after the bias."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
-    a, b, a_scale, b_scale, _, _, _ = _check_args(a, b, a_scale, b_scale, scaling, out_dtype)
-    return fp8_gemm_unchecked(a, b, a_scale, b_scale, scaling, out_dtype, kernel)
+    a, b, a_scale, b_scale, _, n, _ = _check_args(a, b, a_scale, b_scale, scaling, out_dtype)
+    bias = _check_epilogue(bias, activation, n, a.device)
+    return fp8_gemm_unchecked(a, b, a_scale, b_scale, scaling, out_dtype, kernel, bias, activation)
+
+
+def _check_epilogue(bias, activation, n: int, device):
+    """The epilogue's arguments checked: ``bias`` contiguous, or None."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    if bias is None:
+        return None
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if bias.dtype not in BIAS_DTYPES:
+        raise TypeError(f"bias must be bfloat16, float16 or float32, got {bias.dtype}")
+    if tuple(bias.shape) != (n,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}, but the output has N = {n} columns: it must be ({n},)")
+    if bias.device != device:
+        raise ValueError(f"bias is on {bias.device} but the operands are on {device}")
+    return bias.contiguous()
 
 
 _DEVICE = {}  # device index -> (TMA present, SM count, UPCAST): asked once per device
@@ -427,7 +473,9 @@ def _device_facts(device: int) -> tuple:
     return facts
 
 
-def fp8_gemm_unchecked(a, b, a_scale, b_scale, scaling, out_dtype=torch.bfloat16, kernel="persistent") -> torch.Tensor:
+def fp8_gemm_unchecked(
+    a, b, a_scale, b_scale, scaling, out_dtype=torch.bfloat16, kernel="persistent", bias=None, activation=None
+) -> torch.Tensor:
     """:func:`fp8_gemm` without its argument checks, for operands that satisfy them by construction
     (the outputs of this package's quantizers, as :class:`kernels.fp8_linear.FP8Linear` passes them):
     the checks cost an FP8 layer's step host time on every GEMM.  Anything else goes through
@@ -437,13 +485,15 @@ def fp8_gemm_unchecked(a, b, a_scale, b_scale, scaling, out_dtype=torch.bfloat16
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if c.numel() == 0:
         return c
-    if k == 0:
-        return c.zero_()
+    if k == 0:  # an empty sum: the epilogue still applies to it
+        zeros = torch.zeros((m, n), dtype=torch.float32, device=a.device)
+        return c.copy_(_epilogue_torch(zeros, bias, activation))
     if scaling == "block":  # K-major activation scales: one contiguous vector per K-block (see _block_scales)
         a_scale = a_scale.t().contiguous()
-    args = (a, b, c, a_scale, b_scale, m, n, k)
+    args = (a, b, c, a_scale, b_scale, c if bias is None else bias, m, n, k)
+    epilogue = {"HAS_BIAS": bias is not None, "ACTIVATION": str(activation).lower()}
     if kernels.INTERPRETER:
-        meta = {"SCALING": scaling, "UPCAST": False}
+        meta = {"SCALING": scaling, "UPCAST": False, **epilogue}
         if kernel == "persistent" and tma_ok(a, b, c):
             grid = (min(CPU_PROGRAMS, triton.cdiv(m, CPU_CONFIG["BLOCK_M"]) * triton.cdiv(n, CPU_CONFIG["BLOCK_N"])),)
             _fp8_gemm_persistent_kernel[grid](*args, **meta, NUM_SMS=CPU_PROGRAMS, **CPU_PERSISTENT_CONFIG)
@@ -454,21 +504,22 @@ def fp8_gemm_unchecked(a, b, a_scale, b_scale, scaling, out_dtype=torch.bfloat16
         return c
     device = a.get_device()
     has_tma, sms, upcast = _device_facts(device)
-    # What the compiled kernel depends on (spec_key's facts, written out for these eight arguments):
+    # What the compiled kernel depends on (spec_key's facts, written out for these nine arguments):
     # dtypes, the 16-byte alignment of each pointer, the sizes, the constexprs.
-    aligned = tuple(t.data_ptr() % 16 == 0 for t in (a, b, c, a_scale, b_scale))
-    key = (device, a.dtype, b.dtype, out_dtype, aligned, m, n, k, scaling, upcast)
+    aligned = tuple(t.data_ptr() % 16 == 0 for t in args[:6])
+    epilogue_key = (bias is not None, args[5].dtype, activation)
+    key = (device, a.dtype, b.dtype, out_dtype, aligned, m, n, k, scaling, upcast, epilogue_key)
     tma = all(aligned[:3]) and k % 16 == 0 and (n * c.element_size()) % 16 == 0  # tma_ok(a, b, c)
     if kernel == "persistent" and has_tma and tma:
         _tma_allocator()
         _LAUNCH_PERSISTENT(
             lambda cfg: (min(sms, triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])),),
-            args, key, SCALING=scaling, UPCAST=upcast, NUM_SMS=sms,
+            args, key, SCALING=scaling, UPCAST=upcast, NUM_SMS=sms, **epilogue,
         )  # fmt: skip
         return c
     _LAUNCH_GROUPED(
         lambda cfg: (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),),
-        args, key, SCALING=scaling, UPCAST=upcast,
+        args, key, SCALING=scaling, UPCAST=upcast, **epilogue,
     )  # fmt: skip
     return c
 
@@ -496,12 +547,26 @@ def expanded_scales(a_scale, b_scale, scaling, m, n, k, dtype):
     return sa, sb
 
 
-def fp8_gemm_reference(a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.bfloat16) -> torch.Tensor:
-    """float64 all the way: ``(S_a * a) @ (S_b * b)^T`` with exact products and sums, rounded once
-    to ``out_dtype``.  The truth every kernel is measured against."""
+def _epilogue_torch(y: torch.Tensor, bias, activation) -> torch.Tensor:
+    """The epilogue's contract in PyTorch, in ``y``'s dtype: ``y + bias``, then the activation."""
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    if activation == "relu":
+        y = torch.where(y < 0, torch.zeros_like(y), y)  # NaN stays NaN, as in the kernel
+    elif activation == "silu":
+        y = torch.nn.functional.silu(y)
+    return y
+
+
+def fp8_gemm_reference(
+    a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.bfloat16, bias=None, activation=None
+) -> torch.Tensor:
+    """float64 all the way: ``act((S_a * a) @ (S_b * b)^T + bias)`` with exact products and sums,
+    rounded once to ``out_dtype``.  The truth every kernel is measured against."""
     a, b, a_scale, b_scale, m, n, k = _check_args(a, b, a_scale, b_scale, scaling, out_dtype, _REF_DTYPES)
+    bias = _check_epilogue(bias, activation, n, a.device)
     sa, sb = expanded_scales(a_scale, b_scale, scaling, m, n, k, torch.float64)
-    return ((a.double() * sa) @ (b.double() * sb).T).to(out_dtype)
+    return _epilogue_torch((a.double() * sa) @ (b.double() * sb).T, bias, activation).to(out_dtype)
 
 
 def fp8_gemm_blockwise_reference(a, b, a_scale, b_scale, out_dtype=torch.bfloat16) -> torch.Tensor:
@@ -591,6 +656,7 @@ def scaled_mm(a, b, a_scale, b_scale, scaling: str = "tensor", out_dtype=torch.b
 
 
 __all__ = [
+    "ACTIVATIONS",
     "CONFIGS",
     "CPU_CONFIG",
     "PERSISTENT_CONFIGS",

@@ -28,7 +28,7 @@ def _check(o, lse, ref_o, ref_lse, dtype):
     assert (lse.double()[visible] - ref_lse[visible]).abs().max().item() <= 1e-5 * (1 + ref_lse[visible].abs().max())
 
 
-SHAPES = [(1, 2, 70, 70, 64), (2, 1, 33, 100, 32), (1, 1, 100, 40, 16), (1, 1, 5, 129, 128)]
+SHAPES = [(1, 2, 70, 70, 64), (2, 1, 33, 100, 32), (1, 1, 100, 40, 16), (1, 1, 5, 129, 128), (1, 1, 70, 150, 256)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -99,6 +99,18 @@ def test_bad_arguments():
         A.flash_attention(q[0], k[0], v[0])
     with pytest.raises(ValueError, match="k and v must match"):
         A.flash_attention(q, k, v[:, :, :4])
+    with pytest.raises(ValueError, match="head_dim must be at least 32 for FP8 attention"):
+        A.flash_attention_fp8(q, k, v)
+
+
+def test_a_view_that_starts_mid_allocation_is_read_as_its_values():
+    """TMA descriptors need 16-byte-aligned bases: an unaligned view is copied, not misread."""
+    q, k, v = _qkv(1, 2, 70, 70, 64, seed=9)
+    flat = torch.cat([torch.zeros(1, dtype=q.dtype, device=q.device), q.flatten()])
+    shifted = flat[1:].view(q.shape)  # the same values, 2 bytes past an aligned address
+    assert shifted.data_ptr() % 16 != 0
+    assert torch.equal(A.flash_attention(shifted, k, v, True), A.flash_attention(q, k, v, True))
+    assert torch.equal(A.flash_attention_fp8(shifted, k, v, True), A.flash_attention_fp8(q, k, v, True))
 
 
 def _rel(got, want):

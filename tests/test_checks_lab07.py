@@ -657,7 +657,7 @@ def test_the_gemm_bound_catches_a_second_bf16_rounding():
     the bound is no looser than the contract."""
 
     def bf16_before_scales(a, b, sa, sb):
-        acc = (a.double() @ b.double().T).to(torch.bfloat16).float()  # exact: |sum| < 2^53, and CUDA has no int64 matmul
+        acc = (a.double() @ b.double().T).to(torch.bfloat16).float()  # exact (|sum| < 2^53); CUDA has no int64 mm
         return (acc * sa * sb.T).to(torch.bfloat16)
 
     with pytest.raises(AssertionError, match="bound 2\\^-8"):
