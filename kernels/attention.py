@@ -188,11 +188,11 @@ def tiles(head_dim: int) -> tuple:
     return (BLOCKS, GPU_LAUNCH) if head_dim <= 128 else (BLOCKS_WIDE, GPU_LAUNCH_WIDE)
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """A TMA descriptor of ``t`` ``(B, H, N, D)`` viewed as ``(B * H, N, D)``, loading ``rows`` x D tiles
-    of one head (rows past N read as zeros, never the next head's)."""
-    b, h, n, d = t.shape
-    return TensorDescriptor.from_tensor(t.view(b * h, n, d), [1, rows, d])
+def _descriptor(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+    """A TMA descriptor of ``t`` ``(B, H, R, C)`` viewed as ``(B * H, R, C)``, loading ``rows`` x ``cols``
+    tiles of one head (past R or C they read as zeros, never the next head's)."""
+    b, h, r, c = t.shape
+    return TensorDescriptor.from_tensor(t.view(b * h, r, c), [1, rows, cols])
 
 
 def _check_args(q, k, v, causal, scale) -> tuple:
@@ -217,7 +217,8 @@ def flash_attention(q, k, v, causal=False, scale: float | None = None, return_ls
         blocks, gpu_launch = tiles(d)
         launch = {} if kernels.INTERPRETER else gpu_launch
         grid = (triton.cdiv(n_q, blocks["BLOCK_M"]), b * h)
-        descs = _descriptor(q, blocks["BLOCK_M"]), _descriptor(k, blocks["BLOCK_N"]), _descriptor(v, blocks["BLOCK_N"])
+        bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
+        descs = _descriptor(q, bm, d), _descriptor(k, bn, d), _descriptor(v, bn, d)
         _attn_fwd_kernel[grid](*descs, o, lse, n_q, n_k, scale * LOG2E, D=d, CAUSAL=CAUSAL[causal], **blocks, **launch)
     elif o.numel():  # no keys at all: every row is fully masked
         o.zero_()
@@ -327,13 +328,10 @@ def flash_attention_fp8(q, k, v, causal=False, scale: float | None = None, hadam
     vt = v8.transpose(2, 3).contiguous()  # (B, H, D, N_pad): codes moved, not requantized
     launch = {} if kernels.INTERPRETER else FP8_GPU_LAUNCH
     grid = (triton.cdiv(n_q, FP8_BLOCK_M), b * h)
-    descs = (
-        TensorDescriptor.from_tensor(q8.view(b * h, -1, d), [1, FP8_BLOCK_M, d]),
-        TensorDescriptor.from_tensor(k8.view(b * h, -1, d), [1, FP8_BLOCK, d]),
-        TensorDescriptor.from_tensor(vt.view(b * h, d, -1), [1, d, FP8_BLOCK]),
-    )
+    q_desc, k_desc = _descriptor(q8, FP8_BLOCK_M, d), _descriptor(k8, FP8_BLOCK, d)
+    vt_desc = _descriptor(vt, d, FP8_BLOCK)
     _attn_fwd_fp8_kernel[grid](
-        descs[0], sq, descs[1], sk, descs[2], sv, o, n_q, n_k, q8.shape[2], k8.shape[2], scale * LOG2E,
+        q_desc, sq, k_desc, sk, vt_desc, sv, o, n_q, n_k, q8.shape[2], k8.shape[2], scale * LOG2E,
         D=d, CAUSAL=CAUSAL[causal], BLOCK_M=FP8_BLOCK_M, BLOCK=FP8_BLOCK, P_SCALE=P_SCALE, **launch,
     )  # fmt: skip
     return o
