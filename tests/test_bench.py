@@ -145,6 +145,27 @@ def test_benchmark_runs_on_a_gpu(tmp_path, name):
         assert all("torchao is not importable" in r["absent"] for r in recs), "the record says the peer was absent"
 
 
+def test_torchao_is_imported_without_the_syntax_warning_of_its_sources(tmp_path):
+    # Python 3.12 and later warn about torchao's invalid escape '\.' whenever they compile its quant_api.py.
+    import pathlib
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torchao") is None:
+        pytest.skip("torchao is not installed here (it is not a dependency of the book)")
+    code = (
+        "import sys, warnings\n"
+        "from kernels.bench import fp8\n"
+        f"sys.pycache_prefix = {str(tmp_path)!r}  # no cached bytecode: torchao's sources are compiled again\n"
+        "warnings.simplefilter('error', SyntaxWarning)\n"
+        "assert fp8.torchao_float8_module().__name__ == 'torchao.float8'\n"
+    )
+    root = pathlib.Path(kernels.__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "SyntaxWarning" not in done.stderr, done.stderr
+
+
 def test_a_record_names_the_commit_that_ran_or_says_the_files_differ(monkeypatch):
     import subprocess
 

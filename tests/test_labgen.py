@@ -14,6 +14,7 @@ import pytest
 
 from kernels import ROOT
 from kernels.authoring import labgen
+from kernels.authoring.record import is_provenance_cell
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
@@ -138,3 +139,21 @@ def test_otter_grades_solution_full_and_untouched_lab_zero(master, tmp_path, mon
     shutil.copy(lab, student)
     earned, possible = _grade(student, lab, tmp_path)
     assert earned == 0, f"the untouched lab earned {earned}/{possible}"
+
+
+@pytest.mark.parametrize("master", SOLUTIONS, ids=lambda p: p.name)
+def test_the_solution_and_the_lab_are_titled_apart(master):
+    def title(path):
+        nb = nbformat.read(path, as_version=4)
+        first = next(c for c in nb.cells if c.cell_type == "markdown" and not is_provenance_cell(c))
+        return first.source.splitlines()[0]
+
+    solution, lab = title(master), title(ROOT / "labs" / master.name)
+    assert solution.startswith(labgen.SOLUTION_TITLE) and lab.startswith(labgen.LAB_TITLE)
+    assert solution[len(labgen.SOLUTION_TITLE) :] == lab[len(labgen.LAB_TITLE) :]
+
+
+@pytest.mark.parametrize("source", ["# Lab 3: a title the lab would share", "Some text\n# Solution to Lab 3: late"])
+def test_a_solution_titled_like_its_lab_is_refused(source):
+    with pytest.raises(labgen.LabgenError, match=r"solutions/x\.ipynb: the first markdown cell must open with"):
+        labgen.lab_title(nbformat.v4.new_markdown_cell(source), "solutions/x.ipynb")

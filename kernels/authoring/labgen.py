@@ -15,7 +15,10 @@ tell a stale lab from a fresh one.  Hence, after otter:
   that look unrun), which nbval then demands of the lab as well; such cells must not depend on the
   exercises, and print only device-independent facts;
 * cell ids are renumbered, and cell and notebook metadata are cut down to what otter, Jupyter and
-  nbval read (no timestamps, no execution records, no provenance).
+  nbval read (no timestamps, no execution records, no provenance);
+* the title changes hands: a solution's first markdown cell opens with ``# Solution to Lab N: ...``, so
+  that the book's pages (and the browser's tabs and the "next" buttons that show page titles) tell the
+  solution from the lab, and the lab's opens with ``# Lab N: ...``.
 """
 
 import argparse
@@ -35,6 +38,7 @@ from kernels.authoring.record import is_provenance_cell
 CHECK_OUTPUT_MARK = "# NBVAL_CHECK_OUTPUT"
 # Cell metadata worth keeping: tags (nbval, otter), otter's own entries and its cell locks.
 CELL_METADATA_KEPT = ("deletable", "editable", "otter", "tags")
+SOLUTION_TITLE, LAB_TITLE = "# Solution to Lab ", "# Lab "
 NOTEBOOK_METADATA_KEPT = ("kernelspec", "otter")
 
 
@@ -94,6 +98,16 @@ def assign(master_path: Path, result_dir: Path) -> tuple:
     return out / "student" / master_path.name, out / "autograder" / master_path.name
 
 
+def lab_title(cell: nbformat.NotebookNode, name: str) -> None:
+    """Turn the solution's title cell (``# Solution to Lab N: ...``) into the lab's (``# Lab N: ...``), in place."""
+    if cell.cell_type != "markdown" or not cell.source.startswith(SOLUTION_TITLE):
+        raise LabgenError(
+            f"{name}: the first markdown cell must open with {SOLUTION_TITLE!r} (the lab's title is made from it), "
+            f"got {cell.source.splitlines()[:1]}"
+        )
+    cell.source = LAB_TITLE + cell.source[len(SOLUTION_TITLE) :]
+
+
 def render_lab(master_path: Path) -> str:
     """The exact text of the lab generated from one solution notebook."""
     name = f"solutions/{master_path.name}"
@@ -122,6 +136,7 @@ def render_lab(master_path: Path) -> str:
                 # keeps the file deterministic.
                 cell.execution_count = sum(c.cell_type == "code" for c in cells) + 1
         cells.append(cell)
+    lab_title(next((c for c in cells if c.cell_type == "markdown"), nbformat.v4.new_raw_cell()), name)
     for i, cell in enumerate(cells):
         cell["id"] = f"cell-{i:03d}"
     lab.cells = cells
@@ -199,10 +214,13 @@ def main(argv=None) -> int:
 __all__ = [
     "CELL_METADATA_KEPT",
     "CHECK_OUTPUT_MARK",
+    "LAB_TITLE",
     "LabgenError",
     "NOTEBOOK_METADATA_KEPT",
+    "SOLUTION_TITLE",
     "assign",
     "expected_labs",
+    "lab_title",
     "main",
     "render_lab",
     "stale_labs",

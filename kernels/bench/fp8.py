@@ -11,7 +11,9 @@ Operands are random bf16 data quantized once before timing; every result is chec
 reference (on a slice of rows) before it is timed.
 """
 
+import importlib
 import itertools
+import warnings
 
 import torch
 
@@ -132,18 +134,29 @@ def _bench_blockwise_small_m():
     return records
 
 
+def torchao_float8_module():
+    """The module ``torchao.float8``, or None where torchao is not importable (it is not a dependency of
+    the book)."""
+    with warnings.catch_warnings():
+        # torchao's quant_api.py has an invalid escape '\.' that Python warns about as it compiles the file
+        warnings.simplefilter("ignore", SyntaxWarning)
+        try:
+            return importlib.import_module("torchao.float8")
+        except ImportError:
+            return None
+
+
 def torchao_float8(weight: torch.nn.Parameter, granularity: str):
     """torchao's Float8Linear over ``weight`` (shared, not copied), with its recipe of the same scaling
     granularity (tensorwise; rowwise, whose gradients are e4m3 with power-of-two scales), compiled as
     torchao asks; None where torchao is not importable (it is not a dependency of the book)."""
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError:
+    float8 = torchao_float8_module()
+    if float8 is None:
         return None
     linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
     linear.weight = weight
-    config = Float8LinearConfig.from_recipe_name(TORCHAO[granularity])
-    return torch.compile(convert_to_float8_training(torch.nn.Sequential(linear), config=config))
+    config = float8.Float8LinearConfig.from_recipe_name(TORCHAO[granularity])
+    return torch.compile(float8.convert_to_float8_training(torch.nn.Sequential(linear), config=config))
 
 
 def _linear_bench(name: str, granularity: str, compiled: bool) -> list:
@@ -224,4 +237,5 @@ __all__ = [
     "WISE",
     "operands",
     "torchao_float8",
+    "torchao_float8_module",
 ]
