@@ -35,9 +35,10 @@ name with ``python -m kernels.bench``).
 
 Beside them: :mod:`kernels.device` (where tensors go, what the machine runs natively),
 :mod:`kernels.testing` (comparisons, bit checks, input sets), :mod:`kernels.numerics_probe` (what the
-recordings of ``tests/data`` measure), :mod:`kernels.diagrams` (the chapters' dataflow figures), and the tooling: ``kernels.grade`` (the batch grader),
-``kernels.bench`` (speed, with ``kernels.bench.profiles`` for Nsight Compute), ``kernels.authoring``
-(labs and recorded outputs) and ``kernels.gpu_lane`` (every test and notebook on a GPU).
+recordings of ``tests/data`` measure), :mod:`kernels.diagrams` (the chapters' drawn figures), and the
+tooling: ``kernels.grade`` (the batch grader), ``kernels.bench`` (speed, with ``kernels.bench.profiles``
+for Nsight Compute), ``kernels.authoring`` (labs and recorded outputs) and ``kernels.gpu_lane`` (every
+test and notebook on a GPU).
 """
 
 from pathlib import Path

@@ -8,7 +8,7 @@ import torch
 
 from kernels import hazards
 from kernels.device import default_device
-from kernels.testing import bits
+from kernels.testing import bits, check_kernel
 
 DEVICE = default_device()
 
@@ -76,6 +76,20 @@ def test_to_bf16():
     assert np.array_equal(bits(hazards.to_bf16(x.to(DEVICE))), bits(hazards.to_bf16_reference(x)))
     t = hazards.to_bf16(x[:5000].to(DEVICE), truncate=True).cpu().double()
     assert bool((t.abs() <= x[:5000].double().abs()).all())
+
+
+def test_to_bf16_through_the_standard_harness():
+    # Chapter 3 runs the same two calls: the kernel passes every case bit for bit, its bug is named
+    n = check_kernel(hazards.to_bf16, hazards.to_bf16_reference, exact=True, device=DEVICE, name="to_bf16")
+    assert n == 90  # 5 shapes x 3 seeds x 6 adversarial inputs
+    with pytest.raises(AssertionError, match=r"to_bf16\(truncate=True\) shape=\(1,\) seed=0 input=large"):
+        check_kernel(
+            lambda x: hazards.to_bf16(x, truncate=True),
+            hazards.to_bf16_reference,
+            exact=True,
+            device=DEVICE,
+            name="to_bf16(truncate=True)",
+        )
 
 
 @pytest.mark.parametrize(
