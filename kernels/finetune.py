@@ -1,6 +1,6 @@
 """Fine-tuning a pretrained checkpoint in FP8, where the data changes at the first step: measured.
 
-Chapter 5 (FP8 fine-tuning).  Entry points: :func:`pretrain`, :func:`finetune`, :func:`cipher`,
+Chapter 5 (FP8 fine-tuning); no lab.  Entry points: :func:`pretrain`, :func:`finetune`, :func:`cipher`,
 :func:`catch_up_step`, :data:`RECIPES`.
 
 :func:`pretrain` trains :class:`kernels.charmodel.CharTransformer` on the shipped corpus in bf16
