@@ -9,6 +9,8 @@ points: :func:`train`, :func:`train_step`, :class:`CharTransformer`, :func:`load
 :func:`train_step` at a time, with :class:`kernels.amp.DynamicLossScaler` where the recipe scales the
 loss and :class:`kernels.norms.RMSNorm` as the model's norm on a GPU, and logs what the chapter plots:
 the loss, the share of gradients that are zero or underflow, the steps skipped, the loss scale.
+With ``optimizer_state_dtype``, :func:`keep_state_in` holds AdamW's moments in a 16-bit format
+between steps, the twin runs of chapter 4's loss spike.
 """
 
 import math
@@ -32,6 +34,8 @@ RECIPES = {
     "fp16 + loss scaling": (torch.float16, torch.float32, True),
     "fp16 weights, no master copy": (None, torch.float16, False),
 }
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what train's optimizer_state_dtype accepts
+MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's m and v, as torch.optim.AdamW names them in its state
 
 
 def load_corpus(path=None):
@@ -133,18 +137,63 @@ def train_step(model, optimizer, scaler, inputs, targets, autocast_dtype=None, m
     return loss.detach(), skipped
 
 
-def train(recipe: str, steps=300, batch=64, lr=3e-3, seed=0, model_args=None, step_fn=None, device=None, log_every=1):
+def keep_state_in(optimizer, dtype):
+    """Hold ``optimizer``'s moments (Adam's m and v) in ``dtype`` between steps, with two step hooks:
+    before each step they are widened to their parameter's dtype, so the optimizer's arithmetic is
+    unchanged; after it they are rounded to ``dtype`` and stored so.  Returns the hooks' handles."""
+
+    def widen(opt, args, kwargs):
+        for p, state in opt.state.items():
+            for key in MOMENTS:
+                if key in state:
+                    state[key] = state[key].to(p.dtype)
+
+    def narrow(opt, args, kwargs):
+        for state in opt.state.values():
+            for key in MOMENTS:
+                if key in state:
+                    state[key] = state[key].to(dtype)
+
+    return optimizer.register_step_pre_hook(widen), optimizer.register_step_post_hook(narrow)
+
+
+def zero_v_fraction(optimizer, total):
+    """Share of ``total`` parameter elements whose stored Adam v is exactly zero while their m is not."""
+    lost = 0
+    for state in optimizer.state.values():
+        if "exp_avg_sq" in state:
+            lost += int(((state["exp_avg_sq"] == 0) & (state["exp_avg"] != 0)).sum())
+    return lost / total
+
+
+def train(
+    recipe: str,
+    steps=300,
+    batch=64,
+    lr=3e-3,
+    seed=0,
+    model_args=None,
+    step_fn=None,
+    device=None,
+    log_every=1,
+    optimizer_state_dtype=None,
+):
     """Train a :class:`CharTransformer` on the shipped corpus with one of :data:`RECIPES`.
 
     Returns a dict: ``loss`` (per logged step), ``zero_grad_fraction`` (share of gradient elements
     that are exactly zero after unscaling, per logged step), ``underflow_fraction`` (share of the
     non-zero gradients of the logits, (softmax - onehot) / tokens, that fp16 rounds to zero),
     ``unmoved_fraction`` (share of parameter elements with a non-zero gradient that the step left
-    unchanged), ``skipped`` (steps skipped on
+    unchanged), ``zero_v_fraction`` (share of parameter elements whose stored AdamW v is exactly
+    zero while their m is not), ``skipped`` (steps skipped on
     overflow), ``scale`` (loss scale per logged step) and ``nonfinite_step`` (first step whose loss
-    was inf/NaN, or None).  ``step_fn`` replaces :func:`train_step` (same signature)."""
+    was inf/NaN, or None).  ``step_fn`` replaces :func:`train_step` (same signature).
+    ``optimizer_state_dtype``, one of :data:`STATE_DTYPES`, stores AdamW's m and v in that dtype
+    between steps (:func:`keep_state_in`); None leaves them in the parameters' dtype."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {list(RECIPES)}, got {recipe!r}")
+    if optimizer_state_dtype is not None and optimizer_state_dtype not in STATE_DTYPES:
+        raise ValueError(f"optimizer_state_dtype must be None or one of {STATE_DTYPES}, got {optimizer_state_dtype!r}")
     autocast_dtype, param_dtype, scaling = RECIPES[recipe]
     device = device or default_device()
     step_fn = step_fn or train_step
@@ -152,9 +201,12 @@ def train(recipe: str, steps=300, batch=64, lr=3e-3, seed=0, model_args=None, st
     torch.manual_seed(seed)
     model = CharTransformer(len(vocab), **(model_args or {})).to(device=device, dtype=param_dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    if optimizer_state_dtype is not None:
+        keep_state_in(optimizer, optimizer_state_dtype)
     scaler = DynamicLossScaler() if scaling else None
     gen = torch.Generator().manual_seed(seed + 1)
     out = {"loss": [], "zero_grad_fraction": [], "underflow_fraction": [], "unmoved_fraction": [], "scale": []}
+    out["zero_v_fraction"] = []
     out["skipped"] = 0
     out["nonfinite_step"] = None
     params = list(model.parameters())
@@ -181,6 +233,7 @@ def train(recipe: str, steps=300, batch=64, lr=3e-3, seed=0, model_args=None, st
             out["zero_grad_fraction"].append(zero / total)
             out["unmoved_fraction"].append(unmoved / max(live, 1) if not skipped else float("nan"))
             out["scale"].append(scaler.get_scale() if scaler else 1.0)
+            out["zero_v_fraction"].append(zero_v_fraction(optimizer, total))
     out["steps"] = list(range(0, steps, log_every)) + ([steps - 1] if (steps - 1) % log_every else [])
     return out
 
@@ -188,8 +241,12 @@ def train(recipe: str, steps=300, batch=64, lr=3e-3, seed=0, model_args=None, st
 __all__ = [
     "CORPUS",
     "CharTransformer",
+    "MOMENTS",
     "RECIPES",
+    "STATE_DTYPES",
+    "keep_state_in",
     "load_corpus",
     "train",
     "train_step",
+    "zero_v_fraction",
 ]

@@ -88,6 +88,11 @@ TENSOR_BLOCK, TENSOR_WARPS = 8192, 8  # per-tensor passes: elements per program
 FINALIZE_BLOCK = 1024  # the amax of the per-program partial maxima, in one program
 TRANSPOSE_TILE, TRANSPOSE_WARPS = 64, 4  # cast and transpose: (64, 64) tiles, read once, written twice
 FUSED_TILE, FUSED_WARPS = 64, 4  # the one-launch per-tensor quantizer: (64, 64) tiles, walked twice
+# Compiled for Hopper by Triton 3.6, the transposed store of 8-bit codes (``tl.trans(q)``) writes about a
+# quarter of the bytes of x.T wrong when the tile was loaded from fp32 (measured on an H100; bf16 tiles are
+# right, and the CPU interpreter is right for every dtype).  For 4-byte inputs the kernels below therefore
+# write the codes only, and x.T's codes are a copy of them, transposed: the same bits.
+_TRANSPOSE_IN_KERNEL_MAX_BYTES = 2
 ROW_MAX_ONE_PASS = 16384  # rows up to this many elements stay in registers: one read
 ROW_BLOCK_ELEMS, ROW_WARPS = 8192, 4  # rows per program = max(1, ROW_BLOCK_ELEMS // next_pow2(K))
 G128_GROUPS, G128_WARPS = 64, 8  # 1x128: 64 groups (8192 elements) per program
@@ -409,7 +414,19 @@ def _scale_cast_transpose_kernel(
     tl.store(qt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
 
 
+def _transposes_in_kernel(x: torch.Tensor) -> bool:
+    return x.element_size() <= _TRANSPOSE_IN_KERNEL_MAX_BYTES
+
+
+def _transposed_codes(q: torch.Tensor) -> torch.Tensor:
+    """The (K, M) codes of an (M, K) matrix of codes: a copy, for inputs not transposed in a kernel."""
+    return q.view(torch.uint8).t().contiguous().view(q.dtype)
+
+
 def _cast_transpose(x: torch.Tensor, inv: torch.Tensor, fmt: str) -> tuple:
+    if not _transposes_in_kernel(x):
+        q = _cast(x, inv, fmt)
+        return q, _transposed_codes(q)
     m, k = x.shape
     q = torch.empty((m, k), dtype=FP8_FORMATS[fmt], device=x.device)
     qt = torch.empty((k, m), dtype=FP8_FORMATS[fmt], device=x.device)
@@ -551,9 +568,13 @@ def quantize_tensor_fused(x: torch.Tensor, fmt: str = "e4m3", transpose: bool = 
 
     The launch's programs meet at a grid-wide barrier between the amax and the cast, so S never
     leaves the device and no second kernel is launched; the cast reads ``x`` a second time (from L2
-    when ``x`` fits there).  In CPU mode one program does both walks."""
+    when ``x`` fits there).  In CPU mode one program does both walks.  For fp32 ``x`` the codes of ``x.T``
+    are a copy of the codes, transposed (see :func:`_transposes_in_kernel`)."""
     fmt = _check_fmt(fmt)
     x = _check_matrix(x)
+    if transpose and not _transposes_in_kernel(x):
+        out, _ = quantize_tensor_fused(x, fmt, False)
+        return out, _transposed_codes(out.q)
     m, k = x.shape
     q = torch.empty((m, k), dtype=FP8_FORMATS[fmt], device=x.device)
     qt = torch.empty((k, m), dtype=FP8_FORMATS[fmt], device=x.device) if transpose else q
@@ -796,9 +817,12 @@ def quantize_columns_transposed(x: torch.Tensor, fmt: str = "e4m3") -> Quantized
 
     One launch: a grid-wide barrier separates the column maxima from the cast (see
     :func:`quantize_tensor_fused`), plus the zeroing of K maxima.  What a rowwise FP8 linear layer's
-    backward needs for its transposed operands (``W^T``, ``dY^T``, ``X^T``)."""
+    backward needs for its transposed operands (``W^T``, ``dY^T``, ``X^T``).  For fp32 ``x``, the wide
+    transposed copy after all (see :func:`_transposes_in_kernel`)."""
     fmt = _check_fmt(fmt)
     x = _check_matrix(x)
+    if not _transposes_in_kernel(x):  # the wide transposed copy after all (see _transposes_in_kernel)
+        return quantize_rowwise(x.t().contiguous(), fmt)
     m, k = x.shape
     qt = torch.empty((k, m), dtype=FP8_FORMATS[fmt], device=x.device)
     s = torch.empty((k, 1), dtype=torch.float32, device=x.device)

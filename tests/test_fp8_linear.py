@@ -45,6 +45,21 @@ def test_matches_reference_and_bf16(granularity):
         assert vs_bf16 <= L.BF16_TOLERANCE[name]
 
 
+@pytest.mark.parametrize("granularity", L.GRANULARITIES)
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32)], ids=str)
+def test_matches_reference_with_fp32_weights(granularity, dtypes):
+    """fp32 master weights, with fp32 activations or with bf16 ones (what autocast hands the layer):
+    W^T's codes are made from an fp32 matrix, which the compiled transposing quantizers must get right."""
+    recipe = L.FP8Recipe(granularity=granularity)
+    x, w, dy = _data(t=256, i=128, o=384)
+    x, w, dy = x.to(dtypes[0]), w.to(dtypes[1]), dy.to(dtypes[0])
+    got = _run(lambda x, w, b: L.fp8_linear(x, w, b, recipe), x, w, dy)
+    ref = L.fp8_linear_reference(x, w, dy, recipe)
+    for name, g, r in zip(("y", "dx", "dw"), got, ref, strict=True):
+        assert torch.isfinite(g).all(), name
+        assert frobenius_error(g, r) <= 1e-2, name
+
+
 def test_bias_and_leading_dims():
     x, w, dy = _data()
     bias = torch.randn(48, device=DEVICE, dtype=torch.bfloat16)

@@ -243,6 +243,31 @@ def test_the_one_launch_quantizers_equal_the_reference(shape):
             assert qc.shape == (shape[1], shape[0]) and sc.shape == (shape[1], 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_transposed_codes_of_fp16_and_fp32_inputs_equal_the_reference(dtype):
+    """Every transposing quantizer on the other input dtypes (fp32: what master weights are), on a
+    ragged shape and on one that fills every tile."""
+    for shape in ((130, 257), (384, 128)):
+        for case, x in _adversarial(shape, dtype).items():
+            if case not in ("random", "nan/inf", "subnormals", "huge"):
+                continue
+            for fmt in ("e4m3", "e5m2"):
+                name = f"{dtype} {fmt} {shape} {case}"
+                (want, s_want), want_t = Q.quantize_tensor_and_transpose_reference(x, fmt)
+                for (q, sq), qt in (Q.quantize_tensor_and_transpose(x, fmt), Q.quantize_tensor_fused(x, fmt, True)):
+                    _same(q, want, name + " codes", x.float().cpu())
+                    _same(sq, s_want, name + " scale")
+                    _same(qt, want_t, name + " transposed codes")
+                    assert qt.shape == (shape[1], shape[0]) and qt.is_contiguous()
+                s = torch.tensor(0.02, device=DEVICE)
+                (_, given_t) = Q.quantize_tensor_and_transpose(x, fmt, s)
+                _same(given_t, Q.quantize_tensor_and_transpose_reference(x, fmt, s)[1], name + " given S, transposed")
+                qc, sc = Q.quantize_columns_transposed(x, fmt)
+                want_c = Q.quantize_rowwise_reference(x.t().contiguous(), fmt)
+                _same(qc, want_c.q, name + " column codes")
+                _same(sc, want_c.s, name + " column scales")
+
+
 @pytest.mark.skipif(DEVICE == "cpu", reason="the grid barrier and the direct launches are compiled-only paths")
 def test_the_one_launch_quantizers_on_many_programs_and_unaligned_views():
     """Large enough for every resident program to take part in the barrier; then an input whose
