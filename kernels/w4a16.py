@@ -35,11 +35,12 @@ from kernels.fp4 import (
 )
 
 # The W4A16 GEMM on the GPU autotunes over these (BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages):
-# W4A16_CONFIGS for one row block of 16 (decode, M <= 16), W4A16_BATCH_CONFIGS for the 32- and 64-row
-# blocks of larger M.  At M <= 16 and N = 8192, BLOCK_N <= 64 gives >= 128 programs, one per SM or
-# more, each streaming its weight rows through the whole of K: the kernel is a stream of 4.5-bit
-# weights, so what matters is bytes in flight per SM (BLOCK_N * BLOCK_K / 2 per stage, times
-# num_stages).  GATHER picks how nibbles are unpacked (see the kernel).
+# W4A16_CONFIGS for one row block of 16 (decode, M <= 16); both sets, W4A16_CONFIGS and
+# W4A16_BATCH_CONFIGS, for the 32- and 64-row blocks of larger M.  At M <= 16 and N = 8192,
+# BLOCK_N <= 64 gives >= 128 programs, one per SM or more, each streaming its weight rows through the
+# whole of K: the kernel is a stream of 4.5-bit weights, so what matters is bytes in flight per SM
+# (BLOCK_N * BLOCK_K / 2 per stage, times num_stages).  GATHER picks how nibbles are unpacked (see the
+# kernel).
 W4A16_CONFIGS = [
     (bn, bk, g, w, st)
     for bn in (16, 32, 64)
@@ -51,6 +52,8 @@ W4A16_CONFIGS = [
 # With 32 or 64 rows the tensor cores and the decode share the time: wider N tiles, shorter K steps and
 # two or three stages led a sweep of 48 launches at M = 32, 64 and 128 on an H100 (NVFP4, N x K =
 # 14336 x 4096 and 28672 x 8192); each of these was within 7% of the best at one of those points at least.
+# On 8192 x 8192 the decode set did better at M = 32 and 64 (BLOCK_N = 128 gives that shape 64 programs,
+# fewer than the SMs), so the larger row blocks tune over both sets.
 W4A16_BATCH_CONFIGS = [
     (64, 64, False, 4, 3),
     (64, 64, False, 4, 4),
@@ -149,9 +152,11 @@ _DECODE_CONFIGS, _BATCH_CONFIGS = _configs(W4A16_CONFIGS), _configs(W4A16_BATCH_
 
 
 def configs_for_rows(configs, named_args, **kwargs):
-    """The autotuner's pruning: the decode set for a 16-row block, the batch set for 32 or 64 rows
-    (``configs``, all of both, are ignored: the two sets are chosen whole)."""
-    return _BATCH_CONFIGS if kwargs["BLOCK_M"] > 16 else _DECODE_CONFIGS
+    """The autotuner's pruning: the decode set for a 16-row block; for 32 or 64 rows both sets, less
+    the tiles whose BLOCK_K does not divide K (``configs``, all of both, are not read)."""
+    if kwargs["BLOCK_M"] <= 16:
+        return _DECODE_CONFIGS
+    return [c for c in _DECODE_CONFIGS + _BATCH_CONFIGS if named_args["K"] % c.kwargs["BLOCK_K"] == 0]
 
 
 # Keyed on BLOCK_M, not M: the decode sizes 1..16 share a tile, and a new M does not rerun the tuning.
@@ -171,8 +176,8 @@ def w4a16_matmul(
     output is bf16 ``(..., N)``.
 
     ``config`` = ``(BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages)`` fixes the launch; by default the
-    GPU autotunes over :data:`W4A16_CONFIGS` for M <= 16 (K a multiple of 512) and over
-    :data:`W4A16_BATCH_CONFIGS` above (K a multiple of 256), and the interpreter uses
+    GPU autotunes over :data:`W4A16_CONFIGS` for M <= 16 (K a multiple of 512) and over it and
+    :data:`W4A16_BATCH_CONFIGS` above (K a multiple of 256; the tiles that divide K), and the interpreter uses
     :data:`W4A16_CPU_CONFIG`.  ``fast`` picks the E2M1 decoder: the three-operation one
     (:func:`kernels.fp4.e2m1_to_bf16_fast`) or the one with selects; by default the fast one wherever
     :func:`kernels.fp4.fast_decode_ok` has found it exact on this device.  At decode shapes the kernel

@@ -222,10 +222,13 @@ def test_dot_scaled_matches_dequantize_then_matmul():
 def test_the_tuning_set_follows_the_row_block():
     decode = w4a16.configs_for_rows([], {}, BLOCK_M=16)
     assert [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) for c in decode] == [(c[0], c[1]) for c in w4a16.W4A16_CONFIGS]
+    both = w4a16.W4A16_CONFIGS + w4a16.W4A16_BATCH_CONFIGS
     for block_m in (32, 64):
-        batch = w4a16.configs_for_rows([], {}, BLOCK_M=block_m)
-        got = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["GATHER"], c.num_warps, c.num_stages) for c in batch]
-        assert got == w4a16.W4A16_BATCH_CONFIGS
+        for k, want in ((4096, both), (768, [c for c in both if c[1] <= 256])):  # 768: no 512-wide K step
+            batch = w4a16.configs_for_rows([], {"K": k}, BLOCK_M=block_m)
+            got = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["GATHER"], c.num_warps, c.num_stages)
+                   for c in batch]  # fmt: skip
+            assert got == want, (block_m, k)
     # every tile of either set splits into whole scale blocks of both formats, and the two sets differ
     for bn, bk, _, _, _ in w4a16.W4A16_CONFIGS + w4a16.W4A16_BATCH_CONFIGS:
         assert bn >= 16 and bk % 32 == 0
