@@ -78,7 +78,7 @@ def _scale(layer, role, v, fmt):
     """The scale ``layer`` quantizes ``v`` with in this step, read without touching its history."""
     if layer.states is None:
         return Q.quantize_tensor_reference(v, fmt).s
-    return L._delayed_scale(copy.deepcopy(layer.states[role]), v.reshape(-1, v.shape[-1]))
+    return L.delayed_scale(copy.deepcopy(layer.states[role]), v.reshape(-1, v.shape[-1]))
 
 
 class _Counter:

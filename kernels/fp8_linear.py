@@ -93,7 +93,7 @@ class FP8Recipe:
 _GEMM_SCALING = {"tensor": "tensor", "row": "row", "block": "block"}
 
 
-def _delayed_scale(state: Q.DelayedScaling, x: torch.Tensor) -> torch.Tensor:
+def delayed_scale(state: Q.DelayedScaling, x: torch.Tensor) -> torch.Tensor:
     """The scale of delayed scaling, with a cold start: while the history is empty (first step) the
     scale is the current one, so step 1 neither saturates activations nor flushes gradients to zero.
     Records ``x``'s amax in the history."""
@@ -110,7 +110,7 @@ def tensor_operand(x: torch.Tensor, fmt: str, state=None, transpose: bool = Fals
     """Per-tensor codes of a matrix ``x`` ``(rows, K)`` and, with ``transpose``, of ``x.T`` in the same
     pass: ``(Quantized(q, S), qt or None)``.  ``state``: a DelayedScaling (its scale, and ``x``'s amax
     into its history); None: current scaling, one launch for amax, S and codes."""
-    s = _delayed_scale(state, x) if state is not None else None
+    s = delayed_scale(state, x) if state is not None else None
     if transpose:
         return ops.quantize_tensor_and_transpose(x, fmt, s)
     if s is None:
@@ -466,6 +466,7 @@ __all__ = [
     "FP8Recipe",
     "MIN_FEATURES",
     "MarkovLM",
+    "delayed_scale",
     "fp8_linear",
     "fp8_linear_reference",
     "markov_batch",
