@@ -106,7 +106,9 @@ class CharTransformer(torch.nn.Module):
         return self.head(self.norm(x)).float()  # logits to fp32 before the softmax of the loss
 
 
-def _batch(ids, batch, context, generator, device):
+def windows(ids, batch, context, generator, device):
+    """``batch`` random windows of ``ids`` (drawn with ``generator``), as ``(inputs, targets)`` on
+    ``device``: ``(batch, context)`` token ids and the same shifted by one."""
     starts = torch.randint(0, ids.numel() - context - 1, (batch,), generator=generator)
     rows = starts[:, None] + torch.arange(context + 1)  # (B, T + 1)
     chunk = ids[rows].to(device)
@@ -212,7 +214,7 @@ def train(
     params = list(model.parameters())
     total = sum(p.numel() for p in params)
     for step in range(steps):
-        x, y = _batch(ids, batch, model.context, gen, device)
+        x, y = windows(ids, batch, model.context, gen, device)
         before = [p.detach().clone() for p in params]
         loss, skipped = step_fn(model, optimizer, scaler, x, y, autocast_dtype)
         out["skipped"] += int(skipped)
@@ -248,5 +250,6 @@ __all__ = [
     "load_corpus",
     "train",
     "train_step",
+    "windows",
     "zero_v_fraction",
 ]

@@ -47,12 +47,6 @@ def cipher(ids: torch.Tensor, vocab_size: int, seed: int = 0) -> torch.Tensor:
     return perm[ids]
 
 
-def _windows(ids, batch, context, generator, device):
-    starts = torch.randint(0, ids.numel() - context - 1, (batch,), generator=generator)
-    chunk = ids[starts[:, None] + torch.arange(context + 1)].to(device)  # (B, T + 1)
-    return chunk[:, :-1], chunk[:, 1:]
-
-
 def _model(vocab_size, model_args, device):
     return charmodel.CharTransformer(vocab_size, **(model_args or {})).to(device)
 
@@ -68,7 +62,7 @@ def pretrain(steps=200, batch=32, lr=3e-3, seed=0, model_args=None, device=None)
     gen = torch.Generator().manual_seed(seed + 1)
     losses = []
     for _ in range(steps):
-        x, y = _windows(ids, batch, model.context, gen, device)
+        x, y = charmodel.windows(ids, batch, model.context, gen, device)
         loss, _ = charmodel.train_step(model, opt, None, x, y, torch.bfloat16)
         losses.append(float(loss))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
@@ -164,7 +158,7 @@ def finetune(
         if fp8.scaling == "delayed":
             gen = torch.Generator().manual_seed(seed + 2)
             for _ in range(history_len):
-                x, y = _windows(ids, batch, model.context, gen, device)
+                x, y = charmodel.windows(ids, batch, model.context, gen, device)
                 with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
                     logits = model(x)  # (B, T, vocab) fp32
                 torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
@@ -176,7 +170,7 @@ def finetune(
     new = cipher(ids, len(vocab), cipher_seed)
     gen = torch.Generator().manual_seed(seed + 3)
     for _ in range(steps):
-        x, y = _windows(new, batch, model.context, gen, device)
+        x, y = charmodel.windows(new, batch, model.context, gen, device)
         if counter is not None:
             counter.reset()
         loss, _ = charmodel.train_step(model, opt, None, x, y, torch.bfloat16)
