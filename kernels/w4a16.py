@@ -9,7 +9,7 @@ Three GEMMs over the same packed weights (:class:`kernels.fp4.FP4Tensor`):
   codes and its block scales, decodes them to bf16 in registers (:func:`kernels.fp4.e2m1_to_bf16_fast`
   times the scale, exact in bf16), and feeds bf16 tensor cores with an fp32 accumulator; the NVFP4
   tensor scale multiplies the accumulator once at the end.  The GPU autotunes it over
-  :data:`W4A16_CONFIGS`;
+  :data:`W4A16_CONFIGS` (16-row blocks) or :data:`W4A16_BATCH_CONFIGS` (32 and 64);
 * the Gluon kernel of :mod:`kernels.w4a16_mma` for decode shapes on Hopper (M <= 16), which writes the
   decoded weights straight into the registers of the tensor-core operand; :func:`w4a16_matmul` picks
   it wherever it applies;
@@ -34,11 +34,13 @@ from kernels.fp4 import (
     fast_decode_ok,
 )
 
-# The W4A16 GEMM on the GPU autotunes over these (BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages);
-# BLOCK_M is chosen from M (16 for decode).  At M <= 16 and N = 8192, BLOCK_N <= 64 gives >= 128
-# programs, one per SM or more, each streaming its weight rows through the whole of K: the kernel is a
-# stream of 4.5-bit weights, so what matters is bytes in flight per SM (BLOCK_N * BLOCK_K / 2 per stage,
-# times num_stages).  GATHER picks how nibbles are unpacked (see the kernel).
+# The W4A16 GEMM on the GPU autotunes over these (BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages):
+# W4A16_CONFIGS for one row block of 16 (decode, M <= 16); both sets, W4A16_CONFIGS and
+# W4A16_BATCH_CONFIGS, for the 32- and 64-row blocks of larger M.  At M <= 16 and N = 8192,
+# BLOCK_N <= 64 gives >= 128 programs, one per SM or more, each streaming its weight rows through the
+# whole of K: the kernel is a stream of 4.5-bit weights, so what matters is bytes in flight per SM
+# (BLOCK_N * BLOCK_K / 2 per stage, times num_stages).  GATHER picks how nibbles are unpacked (see the
+# kernel).
 W4A16_CONFIGS = [
     (bn, bk, g, w, st)
     for bn in (16, 32, 64)
@@ -46,6 +48,23 @@ W4A16_CONFIGS = [
     for g in (False, True)
     for w in (4, 8)
     for st in (3, 4)
+]
+# With 32 or 64 rows the tensor cores and the decode share the time: wider N tiles, shorter K steps and
+# two or three stages led a sweep of 48 launches at M = 32, 64 and 128 on an H100 (NVFP4, N x K =
+# 14336 x 4096 and 28672 x 8192); each of these was within 7% of the best at one of those points at least.
+# On 8192 x 8192 the decode set did better at M = 32 and 64 (BLOCK_N = 128 gives that shape 64 programs,
+# fewer than the SMs), so the larger row blocks tune over both sets.
+W4A16_BATCH_CONFIGS = [
+    (64, 64, False, 4, 3),
+    (64, 64, False, 4, 4),
+    (64, 128, False, 4, 2),
+    (64, 128, False, 4, 3),
+    (64, 128, False, 8, 3),
+    (64, 256, False, 4, 2),
+    (128, 64, False, 4, 3),
+    (128, 64, False, 8, 3),
+    (128, 128, False, 8, 2),
+    (128, 128, False, 8, 3),
 ]
 W4A16_CPU_CONFIG = (32, 64, False, 4, 1)  # the interpreter: one small config, no autotuning
 
@@ -122,15 +141,30 @@ def _w4a16_kernel(
     tl.store(c_ptrs, acc.to(tl.bfloat16), mask=m_ok & (rn[None, :] < N))
 
 
-def _w4a16_configs():
+def _configs(table):
     return [
         triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "GATHER": g}, num_warps=w, num_stages=st)
-        for bn, bk, g, w, st in W4A16_CONFIGS
+        for bn, bk, g, w, st in table
     ]
 
 
+_DECODE_CONFIGS, _BATCH_CONFIGS = _configs(W4A16_CONFIGS), _configs(W4A16_BATCH_CONFIGS)
+
+
+def configs_for_rows(configs, named_args, **kwargs):
+    """The autotuner's pruning: the decode set for a 16-row block; for 32 or 64 rows both sets, less
+    the tiles whose BLOCK_K does not divide K (``configs``, all of both, are not read)."""
+    if kwargs["BLOCK_M"] <= 16:
+        return _DECODE_CONFIGS
+    return [c for c in _DECODE_CONFIGS + _BATCH_CONFIGS if named_args["K"] % c.kwargs["BLOCK_K"] == 0]
+
+
 # Keyed on BLOCK_M, not M: the decode sizes 1..16 share a tile, and a new M does not rerun the tuning.
-_w4a16_tuned = triton.autotune(configs=_w4a16_configs(), key=["N", "K", "BS", "NV", "BLOCK_M", "FAST"])(_w4a16_kernel)
+_w4a16_tuned = triton.autotune(
+    configs=_DECODE_CONFIGS + _BATCH_CONFIGS,
+    key=["N", "K", "BS", "NV", "BLOCK_M", "FAST"],
+    prune_configs_by={"early_config_prune": configs_for_rows},
+)(_w4a16_kernel)
 
 
 def w4a16_matmul(
@@ -142,7 +176,8 @@ def w4a16_matmul(
     output is bf16 ``(..., N)``.
 
     ``config`` = ``(BLOCK_N, BLOCK_K, GATHER, num_warps, num_stages)`` fixes the launch; by default the
-    GPU autotunes over :data:`W4A16_CONFIGS` (K a multiple of 512) and the interpreter uses
+    GPU autotunes over :data:`W4A16_CONFIGS` for M <= 16 (K a multiple of 512) and over it and
+    :data:`W4A16_BATCH_CONFIGS` above (K a multiple of 256; the tiles that divide K), and the interpreter uses
     :data:`W4A16_CPU_CONFIG`.  ``fast`` picks the E2M1 decoder: the three-operation one
     (:func:`kernels.fp4.e2m1_to_bf16_fast`) or the one with selects; by default the fast one wherever
     :func:`kernels.fp4.fast_decode_ok` has found it exact on this device.  At decode shapes the kernel
@@ -193,7 +228,8 @@ def w4a16_matmul(
     args = (a2, w.q.contiguous(), s, ts, c, m, n, k, a2.stride(0), c.stride(0))
     nv = w.fmt == "nvfp4"
     fast = fast_decode_ok(a.device) if fast is None else bool(fast)
-    if config is None and (kernels.INTERPRETER or k % max(cfg[1] for cfg in W4A16_CONFIGS)):
+    table = W4A16_BATCH_CONFIGS if block_m > 16 else W4A16_CONFIGS
+    if config is None and (kernels.INTERPRETER or k % max(cfg[1] for cfg in table)):
         config = W4A16_CPU_CONFIG if kernels.INTERPRETER else (64, 128, True, 4, 3)
     if config is not None:
         bn, bk, gather, warps, stages = config
@@ -275,8 +311,10 @@ def w4a16_matmul_reference(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
 __all__ = [
     "DOT_SCALED_CONFIG",
     "DOT_SCALED_CPU_CONFIG",
+    "W4A16_BATCH_CONFIGS",
     "W4A16_CONFIGS",
     "W4A16_CPU_CONFIG",
+    "configs_for_rows",
     "w4a16_dot_scaled",
     "w4a16_matmul",
     "w4a16_matmul_reference",

@@ -217,3 +217,37 @@ def test_dot_scaled_matches_dequantize_then_matmul():
     assert c.ok, c.report
     with pytest.raises(ValueError, match="MXFP4"):
         w4a16.w4a16_dot_scaled(a, fp4.quantize_nvfp4(torch.randn(40, 128, device=DEVICE)))
+
+
+def test_the_tuning_set_follows_the_row_block():
+    decode = w4a16.configs_for_rows([], {}, BLOCK_M=16)
+    assert [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) for c in decode] == [(c[0], c[1]) for c in w4a16.W4A16_CONFIGS]
+    both = w4a16.W4A16_CONFIGS + w4a16.W4A16_BATCH_CONFIGS
+    for block_m in (32, 64):
+        for k, want in ((4096, both), (768, [c for c in both if c[1] <= 256])):  # 768: no 512-wide K step
+            batch = w4a16.configs_for_rows([], {"K": k}, BLOCK_M=block_m)
+            got = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["GATHER"], c.num_warps, c.num_stages)
+                   for c in batch]  # fmt: skip
+            assert got == want, (block_m, k)
+    # every tile of either set splits into whole scale blocks of both formats, and the two sets differ
+    for bn, bk, _, _, _ in w4a16.W4A16_CONFIGS + w4a16.W4A16_BATCH_CONFIGS:
+        assert bn >= 16 and bk % 32 == 0
+    assert set(w4a16.W4A16_CONFIGS).isdisjoint(w4a16.W4A16_BATCH_CONFIGS)
+
+
+@pytest.mark.parametrize(
+    "config,fmt",
+    [(cfg, list(fp4.FORMATS)[i % 2]) for i, cfg in enumerate([None, *w4a16.W4A16_BATCH_CONFIGS])],
+    ids=str,
+)
+def test_each_batch_config_matches_dequantize_then_matmul(config, fmt):
+    # 40 rows (a 64-row block), N off every tile, K a multiple of 256 but not of 512: on a GPU the
+    # default (None) takes the batch set's tuned path; the formats alternate over the launches
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(72, 256, generator=g).to(DEVICE)
+    a = torch.randn(40, 256, generator=g).to(torch.bfloat16).to(DEVICE)
+    wq = fp4.quantize_fp4(w, fmt)
+    want = w4a16.w4a16_matmul_reference(a, wq)
+    got = w4a16.w4a16_matmul(a, wq, config=config)
+    c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name=f"w4a16 {fmt} {config}")
+    assert c.ok, c.report
