@@ -3,9 +3,10 @@ PyTorch's tinygemm kernel, its packing two codes to a byte, and what it costs in
 
 Chapter 7 (inference in low precision), no lab.  Entry points: :func:`quantize_int4`,
 :func:`dequantize_int4`, :func:`pack_int4`, :func:`unpack_int4`, :func:`bits_per_weight`,
-:func:`tinygemm_operands`.  Everything here is plain PyTorch and runs on any device: the quantizer and
-dequantizer are the references of the format.  The GPU GEMM that reads these weights is PyTorch's
-``torch.ops.aten._weight_int4pack_mm`` (tinygemm), fed by :func:`tinygemm_operands`.
+:func:`tinygemm_operands`, :func:`tinygemm_weight`.  Everything here but the last is plain PyTorch and
+runs on any device: the quantizer and dequantizer are the references of the format.  The GPU GEMM that
+reads these weights is PyTorch's ``torch.ops.aten._weight_int4pack_mm`` (tinygemm), fed by
+:func:`tinygemm_operands`, or by :func:`tinygemm_weight`, which builds its CUDA layout from a weight.
 
 The encoding works on groups of ``group`` consecutive elements along a row of a weight ``(N, K)`` (K is the
 GEMM's reduction axis; 128 by default), each with its own reconstruction scale ``S``:
@@ -243,6 +244,26 @@ def tinygemm_operands(t: Int4Tensor, dtype: torch.dtype = torch.bfloat16) -> tup
     return u.contiguous(), scales_and_zeros
 
 
+def tinygemm_weight(w: torch.Tensor, group: int = GROUP, inner_k_tiles: int = 8) -> tuple:
+    """A weight ``w`` ``(N, K)`` on a CUDA GPU, ready for PyTorch's int4 GEMM (what torchao's int4
+    weight-only layout calls): ``(t, packed, scales_and_zeros)`` with ``t`` the asymmetric
+    :class:`Int4Tensor` (bf16 scales, groups of ``group``), ``packed`` its codes in tinygemm's tiled layout
+    and ``scales_and_zeros`` as :func:`tinygemm_operands` makes them, such that
+    ``torch.ops.aten._weight_int4pack_mm(a, packed, group, scales_and_zeros)`` is ``a @ W^T`` for bf16
+    activations ``a`` ``(M, K)``.  tinygemm needs K a multiple of ``32 * inner_k_tiles`` (2, 4 or 8)."""
+    if not isinstance(w, torch.Tensor) or w.device.type != "cuda":
+        raise ValueError(f"w must be a tensor on a CUDA GPU (tinygemm's layout is built there), got {w!r:.60}")
+    if inner_k_tiles not in (2, 4, 8) or w.dim() != 2 or w.shape[1] % (32 * inner_k_tiles):
+        raise ValueError(
+            f"inner_k_tiles must be 2, 4 or 8 and w (N, K) with K a multiple of 32 * inner_k_tiles; "
+            f"got {inner_k_tiles} and shape {tuple(w.shape)}"
+        )
+    t = quantize_int4(w, group=group, scale_dtype=torch.bfloat16)
+    codes, scales_and_zeros = tinygemm_operands(t, torch.bfloat16)
+    packed = torch.ops.aten._convert_weight_to_int4pack(pack_int4(codes, order="high"), inner_k_tiles)
+    return t, packed, scales_and_zeros
+
+
 __all__ = [
     "GROUP",
     "INPUT_DTYPES",
@@ -260,5 +281,6 @@ __all__ = [
     "pack_int4",
     "quantize_int4",
     "tinygemm_operands",
+    "tinygemm_weight",
     "unpack_int4",
 ]

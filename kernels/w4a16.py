@@ -15,6 +15,10 @@ Three GEMMs over the same packed weights (:class:`kernels.fp4.FP4Tensor`):
   it wherever it applies;
 * :func:`w4a16_dot_scaled`, where ``tl.dot_scaled`` reads MXFP4 itself (natively on Blackwell, emulated
   by Triton elsewhere).
+
+Above :data:`DEQUANT_ABOVE_M` rows :func:`w4a16_matmul` runs neither kernel: it dequantizes the weight to
+bf16 once and hands the product to ``torch.matmul`` (cuBLAS), which wins there (:func:`path` says which
+path a call takes).
 """
 
 import torch
@@ -27,6 +31,7 @@ from kernels.device import check_device
 from kernels.fp4 import (
     FP4Tensor,
     check_fp4,
+    dequantize_fp4,
     dequantize_fp4_reference,
     e2m1_to_bf16,
     e2m1_to_bf16_fast,
@@ -67,6 +72,12 @@ W4A16_BATCH_CONFIGS = [
     (128, 128, False, 8, 3),
 ]
 W4A16_CPU_CONFIG = (32, 64, False, 4, 1)  # the interpreter: one small config, no autotuning
+# Above this many rows of activations the default is dequantize-then-matmul.  The tl.dot kernel's row
+# block is at most 64 rows, so a larger M makes every row block decode the whole weight again, while a
+# dequantized bf16 copy is written once (2.56 bytes per weight moved) and cuBLAS reuses it for every row.
+# At M = 64 the kernel still beats that; at 128 the copy is ahead (benchmark fp4_w4a16_batch).
+DEQUANT_ABOVE_M = 64
+PATHS = ("mma", "dot", "dequant")
 
 
 # -- the W4A16 GEMM: packed FP4 weights dequantized in registers, bf16 tensor cores -----------------
@@ -167,6 +178,34 @@ _w4a16_tuned = triton.autotune(
 )(_w4a16_kernel)
 
 
+def path(a: torch.Tensor, n: int, k: int) -> str:
+    """Which implementation :func:`w4a16_matmul` runs by default for activations ``a`` (``(M, K)``, bf16)
+    and an ``(n, k)`` weight: ``"dequant"`` above :data:`DEQUANT_ABOVE_M` rows, else ``"mma"`` where the
+    Gluon kernel applies (:func:`kernels.w4a16_mma.supported`), else ``"dot"``."""
+    m = a.shape[0] if a.dim() == 2 else a.reshape(-1, a.shape[-1]).shape[0]
+    if m > DEQUANT_ABOVE_M:
+        return "dequant"
+    return "mma" if w4a16_mma.supported(a.reshape(-1, a.shape[-1]), n, k) else "dot"
+
+
+def _dequant_matmul(a2: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
+    """``a2 @ W^T`` by dequantize-then-matmul: codes times block scales in bf16 (exact), one GEMM with an
+    fp32 result (cuBLAS on the GPU), the NVFP4 tensor scale applied to it, one rounding to bf16: the
+    rounding of :func:`w4a16_matmul`'s kernels, with cuBLAS's order of summation."""
+    nv = w.fmt == "nvfp4"
+    unit = w._replace(tensor_scale=torch.ones((), dtype=torch.float32, device=w.q.device)) if nv else w
+    wd = dequantize_fp4(unit, torch.bfloat16)  # (N, K): block values, exact in bf16
+    if a2.device.type == "cuda" and not nv:
+        return torch.matmul(a2, wd.T)  # cuBLAS: fp32 accumulation, one rounding to bf16
+    if a2.device.type == "cuda":
+        acc = torch.mm(a2, wd.T, out_dtype=torch.float32)
+    else:  # the CPU has no bf16 GEMM with an fp32 result: the same products (exact in fp32), summed in fp32
+        acc = a2.float() @ wd.float().T
+    if nv:
+        acc = acc * w.tensor_scale.float()
+    return acc.to(torch.bfloat16)
+
+
 def w4a16_matmul(
     a: torch.Tensor, w: FP4Tensor, config: tuple | None = None, fast: bool | None = None, kernel: str | None = None
 ) -> torch.Tensor:
@@ -186,13 +225,15 @@ def w4a16_matmul(
     ``kernel`` picks the implementation: ``"dot"`` the ``tl.dot`` kernel above, ``"mma"`` the Gluon
     kernel of :mod:`kernels.w4a16_mma` (sm_90, 1 <= M <= 16, K a multiple of
     :func:`kernels.w4a16_mma.k_multiple`), which writes the decoded weights straight into the tensor-core
-    operand's registers.  By default ``"mma"`` wherever it applies (and neither ``config`` nor ``fast``
-    is given), else ``"dot"``."""
+    operand's registers, ``"dequant"`` the weight dequantized to bf16 (exact: codes times block scales)
+    and multiplied by ``torch.matmul`` with an fp32 result, the NVFP4 tensor scale applied to it before
+    the one rounding to bf16.  By default (:func:`path`) ``"dequant"`` above :data:`DEQUANT_ABOVE_M` rows,
+    else ``"mma"`` wherever it applies, else ``"dot"``; giving ``config`` or ``fast`` means ``"dot"``."""
     bs = check_fp4(w)
-    if kernel not in (None, "dot", "mma"):
-        raise ValueError(f"kernel must be None, 'dot' or 'mma', got {kernel!r}")
-    if kernel == "mma" and (config is not None or fast is not None):
-        raise ValueError("config and fast choose among the tl.dot kernel's variants; kernel='mma' takes neither")
+    if kernel not in (None, *PATHS):
+        raise ValueError(f"kernel must be None, 'dot', 'mma' or 'dequant', got {kernel!r}")
+    if kernel in ("mma", "dequant") and (config is not None or fast is not None):
+        raise ValueError(f"config and fast choose among the tl.dot kernel's variants; kernel={kernel!r} takes neither")
     if not isinstance(a, torch.Tensor) or a.dtype != torch.bfloat16:
         raise TypeError(f"a must be a bfloat16 tensor of activations, got {getattr(a, 'dtype', type(a))}")
     if w.q.dim() != 2:
@@ -215,13 +256,16 @@ def w4a16_matmul(
         return c.reshape(*a.shape[:-1], n)
     s = w.s.view(torch.uint8).contiguous()
     ts = w.tensor_scale.float().reshape(1) if w.fmt == "nvfp4" else s
-    mma_ok = w4a16_mma.supported(a2, n, k)
-    if kernel == "mma" and not mma_ok:
+    if kernel == "mma" and not w4a16_mma.supported(a2, n, k):
         raise ValueError(
             f"kernel='mma' needs an sm_90 GPU, 1 <= M <= {w4a16_mma.MAX_M} rows and K a multiple of "
             f"{w4a16_mma.k_multiple()}; got {a.device}, M = {m}, K = {k}"
         )
-    if kernel == "mma" or (kernel is None and mma_ok and config is None and fast is None):
+    if kernel is None:
+        kernel = "dot" if config is not None or fast is not None else path(a2, n, k)
+    if kernel == "dequant":
+        return _dequant_matmul(a2, w).reshape(*a.shape[:-1], n)
+    if kernel == "mma":
         w4a16_mma.w4a16_mma(a2, w.q.contiguous(), s, ts, c, w.fmt == "nvfp4")
         return c.reshape(*a.shape[:-1], n)
     block_m = min(max(16, triton.next_power_of_2(m)), 64)
@@ -309,12 +353,15 @@ def w4a16_matmul_reference(a: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
 
 
 __all__ = [
+    "DEQUANT_ABOVE_M",
     "DOT_SCALED_CONFIG",
     "DOT_SCALED_CPU_CONFIG",
     "W4A16_BATCH_CONFIGS",
     "W4A16_CONFIGS",
+    "PATHS",
     "W4A16_CPU_CONFIG",
     "configs_for_rows",
+    "path",
     "w4a16_dot_scaled",
     "w4a16_matmul",
     "w4a16_matmul_reference",

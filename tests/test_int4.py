@@ -242,3 +242,21 @@ def test_tinygemm_on_the_gpu_reads_high_nibble_first_bytes(symmetric):
     print(f"tinygemm (CUDA, bf16) vs float64: relative error {rel:.3g}")
     # bf16 roundings of the output and of the float zeros stay far below 1e-2; swapped nibbles give O(1)
     assert rel < 1e-2
+
+
+@pytest.mark.skipif(kernels.INTERPRETER, reason="tinygemm's CUDA kernel needs a GPU")
+def test_tinygemm_weight_builds_the_layout_from_a_weight():
+    w = _w(96, 512, seed=7).to(torch.bfloat16).cuda()
+    t, packed, sz = int4.tinygemm_weight(w, inner_k_tiles=4)
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16).cuda()
+    got = torch.ops.aten._weight_int4pack_mm(x, packed, t.group, sz).double()
+    want = x.double() @ int4.dequantize_int4(t).double().T
+    assert float((got - want).norm() / want.norm()) < 1e-2
+
+
+def test_tinygemm_weight_refuses_what_tinygemm_cannot_take():
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        int4.tinygemm_weight(torch.randn(8, 256))
+    if not kernels.INTERPRETER:
+        with pytest.raises(ValueError, match="multiple of 32 \\* inner_k_tiles"):
+            int4.tinygemm_weight(torch.randn(8, 384, device="cuda"), inner_k_tiles=8)

@@ -56,7 +56,40 @@ def test_w4a16_server_batches_and_odd_tiles(fmt, m):
 
 
 @pytest.mark.parametrize("fmt", list(fp4.FORMATS))
-@pytest.mark.parametrize("m", [3, 16, 33])
+@pytest.mark.parametrize("m", [1, 7, 31, 64, 65, 97])
+@pytest.mark.parametrize("kernel", [None, "dot", "dequant"])
+def test_every_path_at_any_batch_size(fmt, m, kernel):
+    # M from 1 to past the dispatch point, odd sizes included, N = 72 (no multiple of 128 or 64) and
+    # K = 96 (no multiple of 64): the default, the tl.dot kernel forced past its crossover, and
+    # dequantize-then-matmul forced below it, each against dequantize-then-matmul in float64.
+    g = torch.Generator().manual_seed(100 + m)
+    w = _awkward_weight(72, 96, g)
+    a = torch.randn(m, 96, generator=g).to(torch.bfloat16).to(DEVICE)
+    wq = fp4.quantize_fp4(w.to(DEVICE), fmt)
+    got = w4a16.w4a16_matmul(a, wq, kernel=kernel)
+    want = w4a16.w4a16_matmul_reference(a, wq)
+    c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name=f"{kernel} {fmt} M = {m}")
+    assert c.ok, c.report
+
+
+def test_the_default_path_follows_the_batch_size():
+    n, k = 256, 1024
+    for m, mma_fits in ((1, True), (16, True), (17, False), (64, False), (65, False), (128, False)):
+        a = torch.zeros(m, k, dtype=torch.bfloat16, device=DEVICE)
+        want = "dequant" if m > w4a16.DEQUANT_ABOVE_M else ("mma" if mma_fits and not kernels.INTERPRETER else "dot")
+        assert w4a16.path(a, n, k) == want, (m, w4a16.path(a, n, k))
+    # leading dimensions count as rows: 3 x 40 activations are 120 rows
+    assert w4a16.path(torch.zeros(3, 40, k, dtype=torch.bfloat16, device=DEVICE), n, k) == "dequant"
+    w = fp4.quantize_nvfp4(torch.randn(n, k, device=DEVICE))
+    a = torch.randn(96, k, device=DEVICE).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="kernel='dequant' takes neither"):
+        w4a16.w4a16_matmul(a, w, kernel="dequant", config=(32, 64, False, 4, 1))
+    # the default past the crossover is dequantize-then-matmul itself, bit for bit
+    assert torch.equal(w4a16.w4a16_matmul(a, w), w4a16.w4a16_matmul(a, w, kernel="dequant"))
+
+
+@pytest.mark.parametrize("fmt", list(fp4.FORMATS))
+@pytest.mark.parametrize("m", [3, 16, 33, 100])
 def test_w4a16_nan_and_inf_in_activations_propagate(fmt, m):
     # A NaN activation makes its whole output row NaN; an infinite one makes the row +-inf where the
     # weights it meets are nonzero and NaN where a weight is zero (inf * 0), as dequantize-then-matmul does.

@@ -1,19 +1,28 @@
-"""Chapter 6's FP4 kernels: the W4A16 GEMM at decode shapes against bf16 ``torch.matmul``, and the FP4
-quantizers against a device copy of the same bytes.
+"""Chapter 6's FP4 kernels: the W4A16 GEMM against bf16 ``torch.matmul`` from decode to server batches,
+and the FP4 quantizers against a device copy of the same bytes.
 
-W4A16 (``fp4_w4a16_gemm``): ``M`` in {1, 16}, ``N = K = 8192``, NVFP4 and MXFP4 weights.  Work is
-2*M*N*K FLOPs for every contender, so the ratio is a ratio of times.  The baselines are bf16
-``torch.matmul`` (cuBLAS) with the same activations and a bf16 weight, and dequantize-then-matmul (the
-package's dequantizer to bf16, then ``torch.matmul``); the ``tl.dot`` kernel that the lab builds
-(``kernel="dot"``) is timed beside the default (the Gluon kernel of :mod:`kernels.w4a16_mma`).  The last
-baseline, "read the weight bytes", is a kernel that reads as many bytes as the FP4 weight and its scales
-and does nothing else (:func:`kernels.bench.read_baseline`): no W4A16 kernel can beat it, so its
-ratio says how close to the memory ceiling ours runs, and its time against bf16's says what that
-ceiling is worth at this size (launch, ramp-up and tail included, not just bytes over peak bandwidth).  One FP4
-weight is 36 MB (NVFP4) or 34 MB (MXFP4), less than the H200's 60 MB L2, so every contender cycles
-through ``WEIGHT_SETS`` weights per call sequence: each call reads its weight from HBM, as a decode step
-does.  A call takes tens of microseconds, about what Python needs to launch a Triton kernel, so every
-contender is timed as the replay of a CUDA graph of ``GRAPH_CALLS`` calls
+W4A16 (``fp4_w4a16_gemm``): ``M`` in :data:`GEMM_ROWS` (1 and 16 for decode, 32 to 128 for batches) on
+the weight shapes :data:`GEMM_SHAPES` (``N x K``: a square layer, and the MLP projections of an 8B
+and a 70B decoder), NVFP4 and MXFP4 weights.  Work is 2*M*N*K FLOPs for every contender, so the ratio
+is a ratio of times.  Ours is :func:`kernels.w4a16.w4a16_matmul` as a user calls it: the Gluon kernel
+of :mod:`kernels.w4a16_mma` at M <= 16, the ``tl.dot`` kernel up to 64 rows, dequantize-then-matmul
+above (:func:`kernels.w4a16.path`).  The baselines:
+
+* bf16 ``torch.matmul`` (cuBLAS) with the same activations and a bf16 weight: the speed to beat;
+* dequantize + ``torch.matmul`` (the package's dequantizer to bf16, then cuBLAS);
+* the ``tl.dot`` kernel that the lab builds (``kernel="dot"``), where it is not ours already;
+* PyTorch's int4 GEMM (``torch.ops.aten._weight_int4pack_mm``, "tinygemm", what torchao's int4
+  weight-only layout runs) on the same weights quantized to INT4 with groups of 128
+  (:func:`kernels.int4.tinygemm_weight`): the peer a user would pick instead;
+* "read the weight bytes", a kernel that reads as many bytes as the FP4 weight and its scales and does
+  nothing else (:func:`kernels.bench.read_baseline`): no W4A16 kernel can beat it, so its ratio says how
+  close to the memory ceiling ours runs, and its time against bf16's what that ceiling is worth at
+  this size (launch, ramp-up and tail included, not just bytes over peak bandwidth).
+
+An FP4 weight of 8192 x 8192 is 36 MB (NVFP4) or 34 MB (MXFP4), less than the H200's 60 MB L2, so
+every contender cycles through ``WEIGHT_SETS`` weights per call sequence: each call reads its weight
+from HBM, as a decode step does.  A call takes tens of microseconds, about what Python needs to launch
+a Triton kernel, so every contender is timed as the replay of a CUDA graph of ``GRAPH_CALLS`` calls
 (:func:`kernels.bench.graphed`), as a decode step is run.
 
 Quantizers: bytes counted are every read of the bf16 input (NVFP4 with its tensor scale computed reads it
@@ -27,8 +36,9 @@ import torch
 
 from kernels.bench import benchmark, cases, copy_baseline, graphed, measure, read_baseline
 
-GEMM_SHAPES = ((1, 8192, 8192), (16, 8192, 8192))
-WEIGHT_SETS = 4  # 4 x 36 MB of FP4 weights (4 x 128 MB of bf16): beyond L2
+GEMM_SHAPES = ((8192, 8192), (14336, 4096), (4096, 14336), (28672, 8192))  # N x K
+GEMM_ROWS = (1, 16, 32, 64, 128)  # M
+WEIGHT_SETS = 4  # 4 x 36 MB of FP4 weights (4 x 128 MB of bf16) at 8192 x 8192: beyond L2
 GRAPH_CALLS = 2 * WEIGHT_SETS  # calls per graph replay: each weight set twice
 QUANT_SHAPE = (16384, 8192)  # 256 MiB of bf16
 
@@ -38,43 +48,57 @@ def _rotating(fns):
     return lambda: next(cycle)()
 
 
-@benchmark("fp4_w4a16_gemm")
-def _bench_w4a16():
-    """Weight-only FP4 GEMM (weights dequantized in registers, bf16 tensor cores) at decode shapes."""
-    from kernels import fp4, w4a16
+def _check(got, want, name):
     from kernels.testing import compare
 
+    c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=2e-2, name=name)
+    if not c.ok:
+        raise AssertionError(f"fp4_w4a16_gemm {name}: differs from its reference; not timing it\n{c}")
+
+
+@benchmark("fp4_w4a16_gemm")
+def _bench_w4a16():
+    """Weight-only FP4 GEMM from decode (M = 1) to server batches (M = 128), four weight shapes."""
+    from kernels import fp4, int4, w4a16
+
     records = []
-    for m, n, k in cases(GEMM_SHAPES):
+    for n, k in cases(GEMM_SHAPES):
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(WEIGHT_SETS)]
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        tiny = [int4.tinygemm_weight(w) for w in ws]
         for fmt in fp4.FORMATS:
             wq = [fp4.quantize_fp4(w, fmt) for w in ws]
-            got = w4a16.w4a16_matmul(a, wq[0])
-            want = a @ fp4.dequantize_fp4(wq[0], torch.bfloat16).T
-            c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=2e-2, name=f"w4a16 {fmt}")
-            if not c.ok:
-                raise AssertionError(f"fp4_w4a16_gemm {fmt}: differs from dequantize-then-matmul; not timing it\n{c}")
-            ours = _rotating([lambda w=w, a=a: w4a16.w4a16_matmul(a, w) for w in wq])
-            bf16 = _rotating([lambda w=w, a=a: torch.matmul(a, w.T) for w in ws])
-            deq = _rotating([lambda w=w, a=a: torch.matmul(a, fp4.dequantize_fp4(w, torch.bfloat16).T) for w in wq])
-            dot = _rotating([lambda w=w, a=a: w4a16.w4a16_matmul(a, w, kernel="dot") for w in wq])
             read = read_baseline(wq[0].q.numel() + wq[0].s.numel() * wq[0].s.element_size(), WEIGHT_SETS)
-            records += measure(
-                "fp4_w4a16_gemm",
-                f"{m}x{n}x{k} {fmt}",
-                "TFLOP/s",
-                2 * m * n * k * GRAPH_CALLS,
-                graphed(ours, GRAPH_CALLS),
-                {
-                    "torch.matmul bf16": graphed(bf16, GRAPH_CALLS),
-                    "dequantize + torch.matmul": graphed(deq, GRAPH_CALLS),
-                    "tl.dot kernel": graphed(dot, GRAPH_CALLS),
-                    "read the weight bytes": graphed(read, GRAPH_CALLS),
-                },
-            )
-            del wq
-        del ws
+            for m in cases(GEMM_ROWS):
+                a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                _check(w4a16.w4a16_matmul(a, wq[0]), a @ fp4.dequantize_fp4(wq[0], torch.bfloat16).T, fmt)
+                if fmt == "nvfp4":  # once per weight shape and M: the peer's result against its own weights
+                    t, packed, sz = tiny[0]
+                    got = torch.ops.aten._weight_int4pack_mm(a, packed, t.group, sz)
+                    _check(got, a @ int4.dequantize_int4(t, torch.bfloat16).T, "int4 tinygemm")
+                baselines = {
+                    "torch.matmul bf16": _rotating([lambda w=w, a=a: torch.matmul(a, w.T) for w in ws]),
+                    "dequantize + torch.matmul": _rotating(
+                        [lambda w=w, a=a: torch.matmul(a, fp4.dequantize_fp4(w, torch.bfloat16).T) for w in wq]
+                    ),
+                    "int4 tinygemm g128": _rotating(
+                        [lambda p=p, a=a: torch.ops.aten._weight_int4pack_mm(a, p[1], p[0].group, p[2]) for p in tiny]
+                    ),
+                    "read the weight bytes": read,
+                }
+                if w4a16.path(a, n, k) != "dot":
+                    baselines["tl.dot kernel"] = _rotating(
+                        [lambda w=w, a=a: w4a16.w4a16_matmul(a, w, kernel="dot") for w in wq]
+                    )
+                records += measure(
+                    "fp4_w4a16_gemm",
+                    f"{m}x{n}x{k} {fmt}",
+                    "TFLOP/s",
+                    2 * m * n * k * GRAPH_CALLS,
+                    graphed(_rotating([lambda w=w, a=a: w4a16.w4a16_matmul(a, w) for w in wq]), GRAPH_CALLS),
+                    {name: graphed(fn, GRAPH_CALLS) for name, fn in baselines.items()},
+                )
+            del wq, read
+        del ws, tiny
         torch.cuda.empty_cache()
     return records
 
@@ -117,6 +141,7 @@ def _bench_quantize_mxfp4():
 
 
 __all__ = [
+    "GEMM_ROWS",
     "GEMM_SHAPES",
     "GRAPH_CALLS",
     "QUANT_SHAPE",
