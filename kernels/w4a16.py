@@ -17,8 +17,9 @@ Three GEMMs over the same packed weights (:class:`kernels.fp4.FP4Tensor`):
   by Triton elsewhere).
 
 Above :data:`DEQUANT_ABOVE_M` rows :func:`w4a16_matmul` runs neither kernel: it dequantizes the weight to
-bf16 once and hands the product to ``torch.matmul`` (cuBLAS), which wins there (:func:`path` says which
-path a call takes).
+bf16 once and hands the product to ``torch.matmul`` (cuBLAS).  By then every path is slower than bf16
+weights, and the kernel's gap grows with M, since each further row block decodes the whole weight again
+(:func:`path` says which path a call takes).
 """
 
 import torch
@@ -78,7 +79,7 @@ W4A16_CPU_CONFIG = (32, 64, False, 4, 1)  # the interpreter: one small config, n
 # Measured with the fp4_w4a16_gemm benchmark on an H100 (four weight shapes, both formats): at M = 64 the
 # kernel beats the copy everywhere (0.63-1.07x bf16 against 0.41-0.43x); at M = 128 the two are close and
 # both lose to bf16 (copy 0.41-0.46x, kernel 0.36-0.55x: ahead on 14336 x 4096 and 28672 x 8192, behind on
-# 4096 x 14336); past 128 rows the kernel's extra decode passes only grow, the copy's cost does not.
+# 4096 x 14336 and 8192 x 8192); past 128 rows the kernel's decode passes only grow, the copy's do not.
 DEQUANT_ABOVE_M = 64
 PATHS = ("mma", "dot", "dequant")
 
@@ -192,9 +193,9 @@ def path(a: torch.Tensor, n: int, k: int) -> str:
 
 
 def _dequant_matmul(a2: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
-    """``a2 @ W^T`` by dequantize-then-matmul: codes times block scales in bf16 (exact), one GEMM with an
-    fp32 result (cuBLAS on the GPU), the NVFP4 tensor scale applied to it, one rounding to bf16: the
-    rounding of :func:`w4a16_matmul`'s kernels, with cuBLAS's order of summation."""
+    """``a2 @ W^T`` by dequantize-then-matmul: codes times block scales in bf16 (exact), one GEMM summing
+    in fp32 (cuBLAS on the GPU), the NVFP4 tensor scale applied to the fp32 result, one rounding to bf16:
+    the rounding of :func:`w4a16_matmul`'s kernels, with cuBLAS's order of summation."""
     nv = w.fmt == "nvfp4"
     unit = w._replace(tensor_scale=torch.ones((), dtype=torch.float32, device=w.q.device)) if nv else w
     wd = dequantize_fp4(unit, torch.bfloat16)  # (N, K): block values, exact in bf16
@@ -359,9 +360,9 @@ __all__ = [
     "DEQUANT_ABOVE_M",
     "DOT_SCALED_CONFIG",
     "DOT_SCALED_CPU_CONFIG",
+    "PATHS",
     "W4A16_BATCH_CONFIGS",
     "W4A16_CONFIGS",
-    "PATHS",
     "W4A16_CPU_CONFIG",
     "configs_for_rows",
     "path",
