@@ -5,16 +5,12 @@ tests and the notebooks ask it rather than writing the expression themselves) an
 the one argument check for it.  Notebooks call :func:`report` first (numerics depend on device, torch
 and triton) and use :func:`capabilities` to pick a path, or :func:`gpu_only` to skip a GPU-only cell
 with a one-line reason instead of an error; :func:`gpu_environment` is what a recorded GPU result
-depends on.  :func:`one_cpu_arithmetic` gives a process's CPU matrix products the same bits on every
-x86-64 machine, for notebooks whose printed numbers come from models run on the CPU.
+depends on.
 """
 
 import datetime
 import functools
-import hashlib
-import os
 import platform
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -118,48 +114,6 @@ def gpu_only(what: str, need: str = "cuda") -> bool:
     return True
 
 
-# The bits of two fixed CPU matrix products (float64 and float32, see _cpu_probe) under MKL's reproducible
-# code path, MKL_CBWR=COMPATIBLE, with one thread.  Without it MKL picks its code by CPU: an AMD EPYC and an
-# Intel Xeon give different bits for the same product, and a model evaluated with quantized activations
-# turns those last bits into different quantization decisions and a different fourth decimal of its loss.
-CPU_PROBE_SHA256 = "a489701f010808a2"
-
-
-def _cpu_probe() -> str:
-    a = (torch.arange(128 * 256, dtype=torch.float64) * 7919 % 1009).reshape(128, 256) / 1009 - 0.5
-    b = (torch.arange(256 * 96, dtype=torch.float64) * 104729 % 1013).reshape(256, 96) / 1013 - 0.5
-    c = torch.cat([(a @ b).flatten(), (a.float() @ b.float()).double().flatten()])
-    return hashlib.sha256(c.numpy().tobytes()).hexdigest()[:16]
-
-
-def one_cpu_arithmetic() -> None:
-    """Make this process's CPU matrix products give the same bits on every x86-64 machine: MKL (PyTorch's
-    CPU BLAS there) on its reproducible code path (``MKL_CBWR=COMPATIBLE``, slower than the one it would
-    pick for the CPU) and one thread.  Call it before the first CPU matrix product of the process, as the
-    setup cell of a notebook that trains or evaluates a model on the CPU does: MKL reads the setting once.
-
-    Checks itself with two fixed products against :data:`CPU_PROBE_SHA256` and raises ``RuntimeError``
-    if a product ran before the call (restart the process).  Where PyTorch's BLAS is not MKL (an ARM
-    laptop, a build with OpenBLAS) it sets one thread and warns that the bits may differ."""
-    torch.set_num_threads(1)
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    if not (x86 and torch.backends.mkl.is_available()):
-        warnings.warn(
-            f"one_cpu_arithmetic: PyTorch's CPU BLAS here is not MKL on x86-64 ({platform.machine()}); CPU results "
-            "may differ from the book's in the last bits, and quantized models' losses in the fourth decimal",
-            stacklevel=2,
-        )
-        return
-    if os.environ.get("MKL_CBWR", "COMPATIBLE") != "COMPATIBLE":
-        raise ValueError(f"MKL_CBWR is set to {os.environ['MKL_CBWR']!r}; one_cpu_arithmetic needs 'COMPATIBLE'")
-    os.environ["MKL_CBWR"] = "COMPATIBLE"
-    if _cpu_probe() != CPU_PROBE_SHA256:
-        raise RuntimeError(
-            "one_cpu_arithmetic: a CPU matrix product ran before it, so MKL has already chosen its code path for "
-            "this CPU; restart the process (the notebook's kernel) and call it before any CPU matrix product"
-        )
-
-
 def gpu_environment() -> dict:
     """What a recorded GPU result depends on: device name, capability, torch, triton, date."""
     if not torch.cuda.is_available():
@@ -175,7 +129,6 @@ def gpu_environment() -> dict:
 
 
 __all__ = [
-    "CPU_PROBE_SHA256",
     "Capabilities",
     "capabilities",
     "check_device",
@@ -183,7 +136,6 @@ __all__ = [
     "default_device",
     "gpu_environment",
     "gpu_only",
-    "one_cpu_arithmetic",
     "report",
     "sm_facts",
 ]

@@ -181,30 +181,3 @@ def test_the_device_expression_is_written_once():
         if rule.search(line)
     ]
     assert [w.split(":")[0] for w in where] == ["kernels/device.py"], where
-
-
-def _fresh_python(code: str):
-    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-
-
-def test_one_cpu_arithmetic_gives_the_books_bits_on_this_cpu():
-    # A fresh process, as a notebook's kernel is: the fixed products must have the bits the book's
-    # recordings were made with, whatever the CPU's vendor (the GPU lane runs this on its host's CPU too).
-    done = _fresh_python("from kernels import device; device.one_cpu_arithmetic(); print('same bits')")
-    if "not MKL on x86-64" in done.stderr:
-        pytest.skip("PyTorch's CPU BLAS here is not MKL on x86-64")
-    assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-2000:]
-
-
-def test_one_cpu_arithmetic_refuses_to_vouch_after_a_product_ran():
-    done = _fresh_python(
-        "import torch\n"
-        "a = torch.rand(300, 300, dtype=torch.float64)\n"
-        "(a @ a).sum()\n"
-        "from kernels import device\n"
-        "device.one_cpu_arithmetic()\n"
-    )
-    if "not MKL on x86-64" in done.stderr:
-        pytest.skip("PyTorch's CPU BLAS here is not MKL on x86-64")
-    assert done.returncode != 0 and "restart the process" in done.stderr, done.stderr[-2000:]
