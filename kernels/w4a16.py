@@ -186,10 +186,10 @@ def path(a: torch.Tensor, n: int, k: int) -> str:
     """Which implementation :func:`w4a16_matmul` runs by default for activations ``a`` (``(M, K)``, bf16)
     and an ``(n, k)`` weight: ``"dequant"`` above :data:`DEQUANT_ABOVE_M` rows, else ``"mma"`` where the
     Gluon kernel applies (:func:`kernels.w4a16_mma.supported`), else ``"dot"``."""
-    m = a.shape[0] if a.dim() == 2 else a.reshape(-1, a.shape[-1]).shape[0]
-    if m > DEQUANT_ABOVE_M:
+    a2 = a.reshape(-1, a.shape[-1])
+    if a2.shape[0] > DEQUANT_ABOVE_M:
         return "dequant"
-    return "mma" if w4a16_mma.supported(a.reshape(-1, a.shape[-1]), n, k) else "dot"
+    return "mma" if w4a16_mma.supported(a2, n, k) else "dot"
 
 
 def _dequant_matmul(a2: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
