@@ -9,7 +9,7 @@ Two things concern the notebooks' Jupyter kernels, which nbval starts:
   runs other code than on the Intel Xeon that hosted the GPU recordings, the last bits of products differ,
   and the quantized losses move in their fourth decimal (and, for one symmetric INT4 row, by a unit of the
   third).  MKL decides through one function, ``mkl_serv_intel_cpu_true``, which PyTorch's build exports;
-  a kernel started with a two-line library in ``LD_PRELOAD`` that answers "yes" runs MKL's Intel code,
+  a kernel started with a one-function library in ``LD_PRELOAD`` that answers "yes" runs MKL's Intel code,
   and an AMD processor with the same instructions (AVX-512) then gives the recording host's bits.  Each
   process checks that with a fixed probe of products (:data:`PROBE`) against the recording host's hash
   (:data:`RECORDING_HOST_BLAS`) and uses the library only if the bits then agree.  Where they cannot
@@ -19,6 +19,7 @@ Two things concern the notebooks' Jupyter kernels, which nbval starts:
 """
 
 import atexit
+import contextlib
 import functools
 import os
 import platform
@@ -63,15 +64,15 @@ def _starting_again(start_new_kernel):
     kernel that dies ``STARTS`` times is still an error."""
 
     def start(*args, **kwargs):
-        host_blas()  # before the first kernel: it inherits the environment
-        for _ in range(STARTS - 1):
-            try:
-                return start_new_kernel(*args, **kwargs)
-            except RuntimeError as exc:
-                if "died before replying" not in str(exc):
-                    raise
-                warnings.warn(f"a Jupyter kernel died while starting ({exc}); starting it again", stacklevel=2)
-        return start_new_kernel(*args, **kwargs)
+        with _kernel_environment():
+            for _ in range(STARTS - 1):
+                try:
+                    return start_new_kernel(*args, **kwargs)
+                except RuntimeError as exc:
+                    if "died before replying" not in str(exc):
+                        raise
+                    warnings.warn(f"a Jupyter kernel died while starting ({exc}); starting it again", stacklevel=2)
+            return start_new_kernel(*args, **kwargs)
 
     start.starts_again = True
     return start
@@ -79,9 +80,7 @@ def _starting_again(start_new_kernel):
 
 def probe(preload: str | None = None) -> str:
     """:data:`PROBE` run in a fresh Python, with ``preload`` in front of its ``LD_PRELOAD`` if given."""
-    env = dict(os.environ)
-    if preload:
-        env["LD_PRELOAD"] = " ".join(filter(None, (preload, env.get("LD_PRELOAD"))))
+    env = _preloading(preload)
     done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     if done.returncode:
         raise RuntimeError(f"the BLAS probe failed: {done.stderr.strip()[-500:]}")
@@ -89,7 +88,7 @@ def probe(preload: str | None = None) -> str:
 
 
 def _intel_code_path_library() -> str | None:
-    """The two-line library of :data:`INTEL_CODE_PATH`, compiled into a folder removed at exit; ``None``
+    """The one-function library of :data:`INTEL_CODE_PATH`, compiled into a folder removed at exit; ``None``
     where there is no C compiler or it fails."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -103,22 +102,50 @@ def _intel_code_path_library() -> str | None:
     return lib if done.returncode == 0 else None
 
 
+def _preloading(lib: str | None) -> dict:
+    """``os.environ`` with ``lib`` in front of its ``LD_PRELOAD`` (unchanged for ``None``)."""
+    env = dict(os.environ)
+    if lib:
+        env["LD_PRELOAD"] = " ".join(filter(None, (lib, env.get("LD_PRELOAD"))))
+    return env
+
+
 @functools.cache
-def host_blas() -> str:
-    """How this process's notebook kernels compute CPU products, arranged once per process:
-    ``"recording host"`` (the probe's bits are the recording host's as they are), ``"intel code path"``
-    (they are with the library of :data:`INTEL_CODE_PATH`, now in ``LD_PRELOAD``) or ``"other"``."""
+def _arrangement() -> tuple[str, str | None]:
+    """(:func:`host_blas`'s answer, the library to preload or ``None``), found once per process."""
     try:
         if probe() == RECORDING_HOST_BLAS:
-            return "recording host"
+            return "recording host", None
         if sys.platform == "linux" and platform.machine() == "x86_64":
             lib = _intel_code_path_library()
             if lib is not None and probe(lib) == RECORDING_HOST_BLAS:
-                os.environ["LD_PRELOAD"] = " ".join(filter(None, (lib, os.environ.get("LD_PRELOAD"))))
-                return "intel code path"
+                return "intel code path", lib
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         warnings.warn(f"host_blas: {exc}; comparing as on a CPU of other arithmetic", stacklevel=2)
-    return "other"
+    return "other", None
+
+
+def host_blas() -> str:
+    """How this process's notebook kernels compute CPU products: ``"recording host"`` (the probe's bits
+    are the recording host's as they are), ``"intel code path"`` (they are with the library of
+    :data:`INTEL_CODE_PATH` preloaded, which every kernel this process starts gets) or ``"other"``."""
+    return _arrangement()[0]
+
+
+@contextlib.contextmanager
+def _kernel_environment():
+    """The environment a notebook's kernel starts in (it inherits ``os.environ`` when it starts): the
+    library of :data:`INTEL_CODE_PATH` preloaded where :func:`host_blas` found it gives the recording
+    host's bits, and ``os.environ`` as it was again afterwards, so that nothing else this process starts
+    (the grader's sandboxes, the tests' subprocesses) runs with it."""
+    saved, env = dict(os.environ), _preloading(_arrangement()[1])
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 # A signed decimal number (digits, a point, digits) with an optional exponent, or an integer.

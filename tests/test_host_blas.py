@@ -2,15 +2,26 @@
 where the machine can give it, and otherwise a tolerance on the last digits that accepts what was measured to
 move between an Intel and an AMD host, and nothing else."""
 
+import importlib.util
 import os
 import pathlib
 
 import nbformat
 import pytest
 
-import conftest
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _root_conftest():
+    """The checkout's conftest.py as a module of its own name: ``import conftest`` would find whichever
+    conftest pytest imported last (tests/submissions has one)."""
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+conftest = _root_conftest()
 
 # Lines as chapter 7 recorded them, and as an AMD EPYC printed them.
 RECORDED = "static, percentile on training text         1.9476   +0.06%    0.009%          3.2877   +0.03%    0.032%\n"
@@ -104,16 +115,27 @@ def test_only_checked_cells_of_the_cpu_trained_model_carry_the_tag():
         assert path.name in ("07_inference.ipynb", "appendix_answers.ipynb"), f"{where}: not chapter 7's CPU model"
 
 
-def test_the_probe_names_the_arithmetic(monkeypatch):
+def test_the_probe_names_the_arithmetic():
     """This machine's probe is a hash; the arrangement says which of the three cases it is in, and where it
-    is the Intel code path the library is in LD_PRELOAD and gives the recording host's bits."""
-    monkeypatch.setenv("LD_PRELOAD", os.environ.get("LD_PRELOAD", ""))  # restored after the test
+    is the Intel code path, its library gives the recording host's bits."""
     assert len(conftest.probe()) == 12
-    how = conftest.host_blas.__wrapped__()
+    how, lib = conftest._arrangement.__wrapped__()
     assert how in ("recording host", "intel code path", "other")
-    if how == "intel code path":
-        lib = os.environ["LD_PRELOAD"].split()[0]
-        assert conftest.probe(lib) == conftest.RECORDING_HOST_BLAS
+    assert (lib is not None) == (how == "intel code path")
+    if lib is not None:
+        assert conftest.probe(lib) == conftest.RECORDING_HOST_BLAS != conftest.probe()
+
+
+def test_only_the_kernels_start_with_the_library(monkeypatch):
+    monkeypatch.setattr(conftest, "_arrangement", lambda: ("intel code path", "/x/libmkl_intel_path.so"))
+    monkeypatch.setenv("LD_PRELOAD", "/y/other.so")
+    before = dict(os.environ)
+    with conftest._kernel_environment():
+        assert os.environ["LD_PRELOAD"] == "/x/libmkl_intel_path.so /y/other.so"
+    assert dict(os.environ) == before
+    monkeypatch.setattr(conftest, "_arrangement", lambda: ("recording host", None))
+    with conftest._kernel_environment():
+        assert dict(os.environ) == before
 
 
 def test_the_chapter_says_so():
