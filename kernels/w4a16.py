@@ -184,14 +184,12 @@ _w4a16_tuned = triton.autotune(
 
 def path(a: torch.Tensor, n: int, k: int) -> str:
     """Which implementation :func:`w4a16_matmul` runs by default for activations ``a`` (``(M, K)``, bf16)
-    and an ``(n, k)`` weight: ``"dequant"`` above :data:`DEQUANT_ABOVE_M` rows, else ``"mma"`` up to
-    :data:`kernels.w4a16_mma.DEFAULT_MAX_M` rows where the Gluon kernel applies
-    (:func:`kernels.w4a16_mma.supported`), else ``"dot"``."""
+    and an ``(n, k)`` weight: ``"dequant"`` above :data:`DEQUANT_ABOVE_M` rows, else ``"mma"`` where the
+    Gluon kernel applies (:func:`kernels.w4a16_mma.supported`), else ``"dot"``."""
     a2 = a.reshape(-1, a.shape[-1])
     if a2.shape[0] > DEQUANT_ABOVE_M:
         return "dequant"
-    mma = a2.shape[0] <= w4a16_mma.DEFAULT_MAX_M and w4a16_mma.supported(a2, n, k)
-    return "mma" if mma else "dot"
+    return "mma" if w4a16_mma.supported(a2, n, k) else "dot"
 
 
 def _dequant_matmul(a2: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
@@ -229,13 +227,12 @@ def w4a16_matmul(
     has ~2 integer operations per weight to spend before the integer units, not memory, set its speed.
 
     ``kernel`` picks the implementation: ``"dot"`` the ``tl.dot`` kernel above, ``"mma"`` the Gluon
-    kernel of :mod:`kernels.w4a16_mma` (sm_90, 1 <= M <= 32, K a multiple of
+    kernel of :mod:`kernels.w4a16_mma` (sm_90, 1 <= M <= 16, K a multiple of
     :func:`kernels.w4a16_mma.k_multiple`), which writes the decoded weights straight into the tensor-core
     operand's registers, ``"dequant"`` the weight dequantized to bf16 (exact: codes times block scales)
     and multiplied by ``torch.matmul`` with an fp32 result, the NVFP4 tensor scale applied to it before
     the one rounding to bf16.  By default (:func:`path`) ``"dequant"`` above :data:`DEQUANT_ABOVE_M` rows,
-    else ``"mma"`` wherever it applies up to 16 rows, else ``"dot"``; giving ``config`` or ``fast`` means
-    ``"dot"``."""
+    else ``"mma"`` wherever it applies, else ``"dot"``; giving ``config`` or ``fast`` means ``"dot"``."""
     bs = check_fp4(w)
     if kernel not in (None, *PATHS):
         raise ValueError(f"kernel must be None, 'dot', 'mma' or 'dequant', got {kernel!r}")

@@ -4,9 +4,8 @@ straight into the registers of a bf16 ``mma.sync`` operand, with no trip through
 Chapter 6 (no lab builds it: Lab 06 builds the ``tl.dot`` kernel).  Entry points: :func:`w4a16_mma`,
 :func:`supported`.
 
-:func:`kernels.w4a16.w4a16_matmul` uses this kernel by default on an sm_90 GPU for ``M <= 16``
-(:data:`DEFAULT_MAX_M`) rows of activations when K is a multiple of :func:`k_multiple`, and on request
-(``kernel="mma"``) up to :data:`MAX_M` rows; everywhere else (the interpreter, other GPUs, larger M) it
+:func:`kernels.w4a16.w4a16_matmul` uses this kernel on an sm_90 GPU for ``M <= 16`` rows of activations
+when K is a multiple of :func:`k_multiple`; everywhere else (the interpreter, other GPUs, larger M) it
 runs the ``tl.dot`` kernel of chapter 6, which is the one the lab builds.
 
 Why a second kernel.  In ``tl.dot`` the dequantized weight tile must be in the layout the tensor cores
@@ -18,8 +17,8 @@ itself, so the decode can produce the operand's registers directly:
   m16n8k16`` (16 output columns per tile) and the activations the *B* operand (8 tokens per tile).  At
   decode sizes M <= 8, so one n8 tile of tokens holds them all and no tensor-core work or register is
   spent on padding; the lanes whose token index passes M - 1 read row M - 1 and their outputs are
-  dropped.  A CTA holds ``WK`` warps that split K; each warp computes a ``BN x 8`` (M <= 8), ``BN x 16``
-  (M <= 16) or ``BN x 32`` tile, bf16 in, fp32 accumulate, and the warps' tiles are summed at the end.
+  dropped.  A CTA holds ``WK`` warps that split K; each warp computes a ``BN x 8`` (M <= 8) or
+  ``BN x 16`` tile, bf16 in, fp32 accumulate, and the warps' tiles are summed at the end.
 * In the A operand lane ``4g + t`` holds weight rows ``g`` and ``g + 8`` and k values ``2t, 2t + 1,
   2t + 8, 2t + 9`` of each k16 chunk.  Here lane ``t`` of a row loads ``WPL = 4`` consecutive 32-bit
   words (32 codes) of that row in one 16-byte load, two K steps ahead of their use.
@@ -57,8 +56,7 @@ except ImportError:  # pragma: no cover - the pinned Triton has it
 
 WK = 4  # warps per CTA, splitting K
 WPL = 4  # 32-bit words (8 codes each) a lane loads per column and K step: one 16-byte load
-MAX_M = 32  # four n8 tiles of tokens; compiled for sm_90 without spills (tests/test_w4a16.py)
-DEFAULT_MAX_M = 16  # the default path's limit: up to here the kernel was measured ahead of the tl.dot one
+MAX_M = 16  # two n8 tiles of tokens
 
 
 def block_n(m: int) -> int:
@@ -69,8 +67,8 @@ def block_n(m: int) -> int:
 
 
 def tokens_per_tile(m: int) -> int:
-    """Tokens in the mma's n dimension: one n8 tile at M <= 8, two up to 16, four up to 32."""
-    return 8 if m <= 8 else 16 if m <= 16 else 32
+    """Tokens in the mma's n dimension: one n8 tile at M <= 8, two above."""
+    return 8 if m <= 8 else 16
 
 
 def k_multiple() -> int:
@@ -80,7 +78,7 @@ def k_multiple() -> int:
 
 def supported(a: torch.Tensor, n: int, k: int) -> bool:
     """Whether :func:`w4a16_mma` serves this call: Gluon present, an sm_90 GPU (where it was measured),
-    1 <= M <= :data:`MAX_M` and K a multiple of :func:`k_multiple`."""
+    1 <= M <= 16 and K a multiple of :func:`k_multiple`."""
     m = a.shape[0]
     if gl is None or a.device.type != "cuda" or not 1 <= m <= MAX_M or n < 1 or k % k_multiple():
         return False
@@ -174,7 +172,7 @@ if gl is not None:
         BN: gl.constexpr,
         WK: gl.constexpr,
         WPL: gl.constexpr,
-        MT: gl.constexpr,  # tokens per tile: 8 (M <= 8), 16 or 32
+        MT: gl.constexpr,  # tokens per tile: 8 (M <= 8) or 16
         PF: gl.constexpr,  # steps of weights in flight beyond the one in use: 1 or 2
     ):
         KC: gl.constexpr = 32 * WPL  # K per warp and step
@@ -279,7 +277,6 @@ def w4a16_mma(
 
 
 __all__ = [
-    "DEFAULT_MAX_M",
     "MAX_M",
     "WK",
     "WPL",

@@ -138,7 +138,7 @@ def _awkward_weight(n, k, g):
 
 @pytest.mark.skipif(kernels.INTERPRETER, reason="the Gluon kernel needs an sm_90 GPU; CPU runs the compile test below")
 @pytest.mark.parametrize("fmt", list(fp4.FORMATS))
-@pytest.mark.parametrize("m", [1, 5, 8, 9, 16, 17, 24, 32])
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
 @pytest.mark.parametrize("n,k", [(40, 1024), (24, 1536), (96, 3072)])  # 1536: an odd number of K steps
 def test_w4a16_mma_matches_dequantize_then_matmul(fmt, m, n, k):
     g = torch.Generator().manual_seed(m * n + k)
@@ -150,10 +150,7 @@ def test_w4a16_mma_matches_dequantize_then_matmul(fmt, m, n, k):
     want = w4a16.w4a16_matmul_reference(a, wq)
     c = compare(got, want, atol=2e-2 * want.float().abs().max().item(), rtol=1e-2, name=f"w4a16 mma {fmt}")
     assert c.ok, c.report
-    if m <= w4a16_mma.DEFAULT_MAX_M:
-        assert torch.equal(w4a16.w4a16_matmul(a, wq), got), "the default is the mma kernel here"
-    else:
-        assert w4a16.path(a, n, k) == "dot", "past DEFAULT_MAX_M the default is the tl.dot kernel"
+    assert torch.equal(w4a16.w4a16_matmul(a, wq), got), "the default is the mma kernel here"
     # a NaN block scale (a non-finite input) reaches the outputs that use it, not the others
     bad = fp4.quantize_fp4(
         _awkward_weight(n, k, g)
@@ -197,7 +194,7 @@ names = ["a_ptr", "q_ptr", "s_ptr", "ts_ptr", "c_ptr", "M", "N", "stride_am", "s
 names += ["K8", "KW", "KW8", "KS", "KWS"]
 sig = {name: sig[name] for name in names}
 cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-for nv, m in ((True, 1), (False, 16), (True, 32)):
+for nv, m in ((True, 1), (False, 16)):
     bn = W.block_n(m)
     ce = dict(NV=nv, BN=bn, WK=W.WK, WPL=W.WPL, MT=W.tokens_per_tile(m), PF=2)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if name not in ("M", "N")}
@@ -232,7 +229,7 @@ def test_w4a16_mma_compiles_for_hopper_without_shared_memory_shuffles():
     path = Path(w4a16_mma.__file__)
     out = subprocess.run([sys.executable, "-c", _COMPILE_MMA, str(path)], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = out.stdout.split("\n")[:3]
+    lines = out.stdout.split("\n")[:2]
     for line in lines:
         bn, mt, wpl, no_stack, no_local, hmma, ldg128, smem = line.split()
         assert no_stack == "True" and no_local == "True", line

@@ -10,8 +10,7 @@ above (:func:`kernels.w4a16.path`).  The baselines:
 
 * bf16 ``torch.matmul`` (cuBLAS) with the same activations and a bf16 weight: the speed to beat;
 * dequantize + ``torch.matmul`` (the package's dequantizer to bf16, then cuBLAS);
-* the ``tl.dot`` kernel that the lab builds (``kernel="dot"``), where it is not ours already, and where
-  it is, the Gluon kernel (``kernel="mma"``) at the sizes it serves only on request (M = 32);
+* the ``tl.dot`` kernel that the lab builds (``kernel="dot"``), where it is not ours already;
 * PyTorch's int4 GEMM (``torch.ops.aten._weight_int4pack_mm``, "tinygemm", what torchao's int4
   weight-only layout runs) on the same weights quantized to INT4 with groups of 128
   (:func:`kernels.int4.tinygemm_weight`): the peer a user would pick instead;
@@ -60,7 +59,7 @@ def _check(got, want, name):
 @benchmark("fp4_w4a16_gemm")
 def _bench_w4a16():
     """Weight-only FP4 GEMM from decode (M = 1) to server batches (M = 128), four weight shapes."""
-    from kernels import fp4, int4, w4a16, w4a16_mma
+    from kernels import fp4, int4, w4a16
 
     records = []
     for n, k in cases(GEMM_SHAPES):
@@ -89,10 +88,6 @@ def _bench_w4a16():
                 if w4a16.path(a, n, k) != "dot":
                     baselines["tl.dot kernel"] = _rotating(
                         [lambda w=w, a=a: w4a16.w4a16_matmul(a, w, kernel="dot") for w in wq]
-                    )
-                elif w4a16_mma.supported(a, n, k):  # the Gluon kernel past its default rows (M = 32)
-                    baselines["Gluon kernel (kernel='mma')"] = _rotating(
-                        [lambda w=w, a=a: w4a16.w4a16_matmul(a, w, kernel="mma") for w in wq]
                     )
                 records += measure(
                     "fp4_w4a16_gemm",
