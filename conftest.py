@@ -50,7 +50,7 @@ for dtype in (torch.float32, torch.float64):
         h.update((a @ b).numpy().tobytes())
 print(h.hexdigest()[:12])
 """
-RECORDING_HOST_BLAS = "ed29c04b28c1"  # PROBE on the H100 machine's Intel Xeon, torch 2.11 (and 2.14.1 here)
+RECORDING_HOST_BLAS = "ed29c04b28c1"  # PROBE on the H100 host (Intel Xeon, torch 2.11); AMD EPYC + library, 2.14.1
 
 INTEL_CODE_PATH = "int mkl_serv_intel_cpu_true(void) { return 1; }\n"  # MKL: "is this CPU an Intel one?"
 
