@@ -136,16 +136,18 @@ def host_blas() -> str:
 def _kernel_environment():
     """The environment a notebook's kernel starts in (it inherits ``os.environ`` when it starts): the
     library of :data:`INTEL_CODE_PATH` preloaded where :func:`host_blas` found it gives the recording
-    host's bits, and ``os.environ`` as it was again afterwards, so that nothing else this process starts
+    host's bits, and ``LD_PRELOAD`` as it was again afterwards, so that nothing else this process starts
     (the grader's sandboxes, the tests' subprocesses) runs with it."""
-    saved, env = dict(os.environ), _preloading(_arrangement()[1])
-    os.environ.clear()
-    os.environ.update(env)
+    lib, before = _arrangement()[1], os.environ.get("LD_PRELOAD")
+    if lib is not None:
+        os.environ["LD_PRELOAD"] = _preloading(lib)["LD_PRELOAD"]
     try:
         yield
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        if before is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = before
 
 
 # A signed decimal number (digits, a point, digits) with an optional exponent, or an integer.
@@ -155,9 +157,6 @@ _NUMBER = re.compile(r"([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
 def _split(number: str) -> tuple[str, str]:
     mantissa, _, exponent = number.lower().partition("e")
     return mantissa, exponent
-
-
-_WHOLE_PERCENT = re.compile(r"\d+")
 
 
 def _table_cell(before: str, after: str) -> bool:
@@ -183,7 +182,7 @@ def within_last_digits(recorded: str, rerun: str, units: int = UNITS) -> bool:
             return False
         (mx, ex), (my, ey) = _split(x), _split(y)
         decimals = len(mx.partition(".")[2])
-        if _WHOLE_PERCENT.fullmatch(x) and _WHOLE_PERCENT.fullmatch(y) and _table_cell(a[i - 1], a[i + 1]):
+        if x.isdigit() and y.isdigit() and _table_cell(a[i - 1], a[i + 1]):
             if abs(int(mx) - int(my)) > 1:  # a whole percentage in a table: its last digit may move by one
                 return False
             continue
