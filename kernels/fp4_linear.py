@@ -62,20 +62,23 @@ class FP4Recipe:
     """The FP4 training recipe and its ablations.  ``fmt`` "nvfp4" (default) or "mxfp4";
     ``weight_tiles`` 16x16 weight tiles (NVFP4 only; off: 1x16 blocks, ``W^T`` quantized again);
     ``stochastic_rounding`` of the gradient operands; ``rht`` the Random Hadamard Transform of the wgrad
-    operands; ``seed`` for the rotation's signs and the stochastic rounding."""
+    operands; ``seed`` for the rotation's signs and the stochastic rounding.  ``reference`` quantizes with
+    the plain-torch references, bit for bit the kernels' (``tests/test_fp4_linear.py``), for training runs
+    in CPU mode, where the interpreter takes seconds for every tensor the kernels quantize."""
 
     fmt: str = "nvfp4"
     weight_tiles: bool = True
     stochastic_rounding: bool = True
     rht: bool = True
     seed: int = 0
+    reference: bool = False
 
     def __post_init__(self):
         if self.fmt not in fp4.FORMATS:
             raise ValueError(f"fmt must be one of {list(fp4.FORMATS)}, got {self.fmt!r}")
         if self.weight_tiles and self.fmt != "nvfp4":
             raise ValueError("weight_tiles (16x16 tiles) is NVFP4's; use FP4Recipe('mxfp4', weight_tiles=False)")
-        for name in ("weight_tiles", "stochastic_rounding", "rht"):
+        for name in ("weight_tiles", "stochastic_rounding", "rht", "reference"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**20:
@@ -104,7 +107,7 @@ def _quantize(t, recipe: FP4Recipe, tiles: bool = False, seed=None, reference: b
     kw = {"stochastic_rounding": seed is not None, "seed": 0 if seed is None else seed}
     if tiles:
         kw["block_2d"] = True
-    if reference:
+    if reference or recipe.reference:
         return fp4.quantize_fp4_reference(t.contiguous(), recipe.fmt, **kw)
     return fp4.quantize_fp4(t.contiguous(), recipe.fmt, **kw)
 
@@ -238,9 +241,16 @@ class FP4LinearFunction(torch.autograd.Function):
 
 
 def fp4_linear(x, weight, bias=None, recipe: FP4Recipe = FP4Recipe(), step: int = 0) -> torch.Tensor:
-    """Functional form of :class:`FP4Linear`; ``step`` picks the stochastic rounding's seeds."""
+    """Functional form of :class:`FP4Linear`; ``step`` picks the stochastic rounding's seeds.  Under
+    autocast the input is cast to the autocast dtype, as autocast casts a linear layer's, and the layer's
+    own arithmetic (fp32 sums, the scales) runs with autocast off."""
     _check_args(x, weight, bias, recipe)
-    return FP4LinearFunction.apply(x, weight, bias, recipe, step)
+    kind = x.device.type
+    if not torch.is_autocast_enabled(kind):
+        return FP4LinearFunction.apply(x, weight, bias, recipe, step)
+    x = x.to(torch.get_autocast_dtype(kind))
+    with torch.autocast(kind, enabled=False):
+        return FP4LinearFunction.apply(x, weight, bias, recipe, step)
 
 
 def fp4_linear_reference(x, weight, dy, recipe: FP4Recipe = FP4Recipe(), bias=None, step: int = 0) -> tuple:
@@ -306,15 +316,45 @@ def swap_linears(model: torch.nn.Module, recipe: FP4Recipe | None = None, keep=(
     return model
 
 
+# -- training runs ----------------------------------------------------------------------------------
+
+# The CharTransformer's linear layers that the recipe keeps in bf16: the output head (its vocabulary is
+# not a multiple of 16, and the recipe keeps the last layers wide anyway) and the last block.
+SENSITIVE = ("head",)
+
+
+def last_block(model) -> tuple:
+    """The qualified names of the linear layers of ``model``'s last transformer block."""
+    i = len(model.blocks) - 1
+    return tuple(f"blocks.{i}.{name}" for name in ("qkv", "proj", "up", "down"))
+
+
+def train(recipe: FP4Recipe | None, keep_last_block: bool = True, **kw) -> dict:
+    """:func:`kernels.charmodel.train` of chapter 4's character model under bf16 autocast, with its linear
+    layers in FP4 by ``recipe`` (None: all in bf16, the baseline), the head and, unless
+    ``keep_last_block`` is False, the last block kept in bf16.  ``kw`` goes to ``charmodel.train``."""
+    from kernels import charmodel
+
+    def prepare(model):
+        if recipe is not None:
+            keep = SENSITIVE + (last_block(model) if keep_last_block else ())
+            swap_linears(model, recipe, keep=keep)
+
+    return charmodel.train("bf16", prepare=prepare, **kw)
+
+
 __all__ = [
     "FP4Linear",
     "FP4LinearFunction",
     "FP4Recipe",
     "RHT_BLOCK",
     "ROLES",
+    "SENSITIVE",
     "fp4_gemm",
     "fp4_linear",
     "fp4_linear_reference",
+    "last_block",
     "operands",
     "swap_linears",
+    "train",
 ]

@@ -167,3 +167,29 @@ def test_the_module_counts_its_steps_and_swap_keeps_what_it_is_told():
     with torch.no_grad():
         model(x)
     assert model[0].step == 1, "evaluation does not draw stochastic-rounding bits"
+
+
+def test_a_training_run_is_the_same_with_the_kernels_and_with_their_references():
+    """Two steps of the character model with its first block in FP4: the Triton quantizers and their
+    references (what CPU-mode training runs use) give the same losses, bit for bit."""
+    kw = {"steps": 2, "batch": 2, "model_args": {"dim": 32, "layers": 2, "heads": 2, "context": 32}}
+    kernels_run = F.train(F.FP4Recipe(), device=DEVICE, **kw)
+    references_run = F.train(F.FP4Recipe(reference=True), device=DEVICE, **kw)
+    bf16_run = F.train(None, device=DEVICE, **kw)
+    assert kernels_run["loss"] == references_run["loss"]
+    assert kernels_run["loss"][1] != bf16_run["loss"][1], "the FP4 layers took part"
+
+
+def test_train_keeps_the_head_and_the_last_block_wide_unless_told(monkeypatch):
+    from kernels import charmodel
+
+    preparations = []
+    monkeypatch.setattr(charmodel, "train", lambda recipe, prepare=None, **kw: preparations.append(prepare))
+    swapped = {}
+    for keep in (True, False):
+        F.train(F.FP4Recipe(), keep_last_block=keep)
+        model = charmodel.CharTransformer(40, dim=32, layers=2, heads=2, context=16)
+        preparations[-1](model)
+        swapped[keep] = {n for n, m in model.named_modules() if isinstance(m, F.FP4Linear)}
+    assert swapped[True] == {f"blocks.0.{n}" for n in ("qkv", "proj", "up", "down")}
+    assert swapped[False] == swapped[True] | set(F.last_block(model))
