@@ -329,16 +329,22 @@ def last_block(model) -> tuple:
     return tuple(f"blocks.{i}.{name}" for name in ("qkv", "proj", "up", "down"))
 
 
-def train(recipe: FP4Recipe | None, keep_last_block: bool = True, **kw) -> dict:
+def train(recipe=None, keep_last_block: bool = True, **kw) -> dict:
     """:func:`kernels.charmodel.train` of chapter 4's character model under bf16 autocast, with its linear
-    layers in FP4 by ``recipe`` (None: all in bf16, the baseline), the head and, unless
-    ``keep_last_block`` is False, the last block kept in bf16.  ``kw`` goes to ``charmodel.train``."""
-    from kernels import charmodel
+    layers in FP4 by ``recipe`` (an :class:`FP4Recipe`), in FP8 by chapter 5's layer (a
+    :class:`kernels.fp8_linear.FP8Recipe`), or all in bf16 (None, the baseline); the head and, unless
+    ``keep_last_block`` is False, the last block stay in bf16.  ``kw`` goes to ``charmodel.train``."""
+    from kernels import charmodel, fp8_linear
+
+    if not (recipe is None or isinstance(recipe, (FP4Recipe, fp8_linear.FP8Recipe))):
+        raise TypeError(f"recipe must be an FP4Recipe, an FP8Recipe or None, got {type(recipe).__name__}")
 
     def prepare(model):
-        if recipe is not None:
-            keep = SENSITIVE + (last_block(model) if keep_last_block else ())
+        keep = SENSITIVE + (last_block(model) if keep_last_block else ())
+        if isinstance(recipe, FP4Recipe):
             swap_linears(model, recipe, keep=keep)
+        elif recipe is not None:
+            fp8_linear.swap_linears(model, recipe, skip=lambda name, m: name in keep, min_features=0)
 
     return charmodel.train("bf16", prepare=prepare, **kw)
 

@@ -193,3 +193,12 @@ def test_train_keeps_the_head_and_the_last_block_wide_unless_told(monkeypatch):
         swapped[keep] = {n for n, m in model.named_modules() if isinstance(m, F.FP4Linear)}
     assert swapped[True] == {f"blocks.0.{n}" for n in ("qkv", "proj", "up", "down")}
     assert swapped[False] == swapped[True] | set(F.last_block(model))
+    from kernels import fp8_linear
+
+    F.train(fp8_linear.FP8Recipe())
+    model = charmodel.CharTransformer(40, dim=32, layers=2, heads=2, context=16)
+    preparations[-1](model)
+    fp8 = {n for n, m in model.named_modules() if isinstance(m, fp8_linear.FP8Linear)}
+    assert fp8 == swapped[True], "chapter 5's layer takes the same places"
+    with pytest.raises(TypeError, match="recipe"):
+        F.train("nvfp4")
