@@ -46,6 +46,7 @@ package's kernel there too: it is checked against its own float64 reference in `
 and one rounding of difference in a rotated element could move an FP4 code by a whole step.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -349,18 +350,66 @@ def train(recipe=None, keep_last_block: bool = True, **kw) -> dict:
     return charmodel.train("bf16", prepare=prepare, **kw)
 
 
+# The seed's rule for a low-precision run against its bf16 twin: within 1% of bf16's final loss is the
+# recipe working; more than 3% means something is quantized that should not be (a sensitive layer, an
+# operand along the wrong axis, a missing ingredient).
+GOOD_GAP, BAD_GAP = 0.01, 0.03
+
+
+def diverged_at(losses, steps, limit: float) -> int | None:
+    """The first logged step whose loss is not finite or exceeds ``limit`` (e.g. the loss of a uniform
+    guess, ln(vocabulary)), or None."""
+    for step, loss in zip(steps, losses, strict=True):
+        if not math.isfinite(loss) or loss > limit:
+            return step
+    return None
+
+
+def verdicts(runs: dict, base: str, limit: float, tail: int = 5) -> list:
+    """One row per run of ``runs`` (name -> :func:`train`'s dict): ``(name, final loss, gap to the run
+    named base, verdict, diverged at)``.  The final loss is the mean of the last ``tail`` logged losses
+    (one is noisy); the verdict applies :data:`GOOD_GAP` and :data:`BAD_GAP`: "within 1%", "1-3%" or
+    "over 3%", and "diverged" when :func:`diverged_at` finds a step."""
+    if base not in runs:
+        raise ValueError(f"base {base!r} is not one of the runs {list(runs)}")
+
+    def final(run):
+        return sum(run["loss"][-tail:]) / len(run["loss"][-tail:])
+
+    ref = final(runs[base])
+    rows = []
+    for name, run in runs.items():
+        at = diverged_at(run["loss"], run["steps"], limit)
+        loss = final(run)
+        gap = loss / ref - 1 if math.isfinite(loss) else math.inf
+        if at is not None:
+            verdict = "diverged"
+        elif gap <= GOOD_GAP:
+            verdict = "within 1%"
+        elif gap <= BAD_GAP:
+            verdict = "1-3%"
+        else:
+            verdict = "over 3%"
+        rows.append((name, loss, gap, verdict, at))
+    return rows
+
+
 __all__ = [
+    "BAD_GAP",
     "FP4Linear",
     "FP4LinearFunction",
     "FP4Recipe",
+    "GOOD_GAP",
     "RHT_BLOCK",
     "ROLES",
     "SENSITIVE",
     "fp4_gemm",
     "fp4_linear",
+    "diverged_at",
     "fp4_linear_reference",
     "last_block",
     "operands",
     "swap_linears",
     "train",
+    "verdicts",
 ]

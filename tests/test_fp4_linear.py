@@ -202,3 +202,28 @@ def test_train_keeps_the_head_and_the_last_block_wide_unless_told(monkeypatch):
     assert fp8 == swapped[True], "chapter 5's layer takes the same places"
     with pytest.raises(TypeError, match="recipe"):
         F.train("nvfp4")
+
+
+def test_the_verdicts_apply_the_one_and_three_percent_rule():
+    def run(*losses):
+        return {"loss": list(losses), "steps": [10 * i for i in range(len(losses))]}
+
+    runs = {
+        "bf16": run(4.0, 2.0, 2.0),
+        "good": run(4.0, 2.0, 2.01),
+        "so-so": run(4.0, 2.0, 2.05),
+        "bad": run(4.0, 2.0, 2.20),
+        "spike": run(4.0, 9.0, 2.0),
+        "nan": run(4.0, float("nan"), float("nan")),
+    }
+    rows = {name: (verdict, at) for name, _, _, verdict, at in F.verdicts(runs, "bf16", limit=5.0, tail=1)}
+    assert rows == {
+        "bf16": ("within 1%", None),
+        "good": ("within 1%", None),
+        "so-so": ("1-3%", None),
+        "bad": ("over 3%", None),
+        "spike": ("diverged", 10),
+        "nan": ("diverged", 10),
+    }
+    with pytest.raises(ValueError, match="base"):
+        F.verdicts(runs, "fp32", limit=5.0)
