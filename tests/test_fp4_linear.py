@@ -2,6 +2,8 @@
 references, the layer's forward and backward against the float64 recipe, 16x16 tiles giving W and W^T
 the same values, stochastic rounding unbiased, wrong recipes caught, bad arguments refused by name."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -169,14 +171,33 @@ def test_the_module_counts_its_steps_and_swap_keeps_what_it_is_told():
     assert model[0].step == 1, "evaluation does not draw stochastic-rounding bits"
 
 
+def test_the_layer_is_the_same_with_the_kernels_and_with_their_references():
+    """FP4Recipe(reference=True), what CPU-mode training runs use, changes nothing but the quantizers:
+    the layer's output and gradients are the same bits."""
+    for name, r in RECIPES.items():
+        x, w, b, dy = _data(r, seed=6)
+        results = []
+        for recipe in (r, dataclasses.replace(r, reference=True)):
+            xi, wi, bi = (t.clone().requires_grad_() for t in (x, w, b))
+            F.fp4_linear(xi, wi, bi, recipe, step=2).backward(dy)
+            results.append([t.detach() for t in (F.fp4_linear(x, w, b, recipe, step=2), xi.grad, wi.grad, bi.grad)])
+        for got, want in zip(*results, strict=True):
+            assert torch.equal(got, want), name
+
+
 def test_a_training_run_is_the_same_with_the_kernels_and_with_their_references():
-    """Two steps of the character model with its first block in FP4: the Triton quantizers and their
-    references (what CPU-mode training runs use) give the same losses, bit for bit."""
+    """Two steps of the character model with its first block in FP4.  In CPU mode every operation is
+    deterministic and the two runs agree bit for bit; on a GPU the attention's and the norms' backward
+    sum in an order that may vary, so the second loss agrees closely and the first exactly."""
     kw = {"steps": 2, "batch": 2, "model_args": {"dim": 32, "layers": 2, "heads": 2, "context": 32}}
     kernels_run = F.train(F.FP4Recipe(), device=DEVICE, **kw)
     references_run = F.train(F.FP4Recipe(reference=True), device=DEVICE, **kw)
     bf16_run = F.train(None, device=DEVICE, **kw)
-    assert kernels_run["loss"] == references_run["loss"]
+    if DEVICE == "cpu":
+        assert kernels_run["loss"] == references_run["loss"]
+    else:
+        assert kernels_run["loss"][0] == references_run["loss"][0]
+        assert abs(kernels_run["loss"][1] - references_run["loss"][1]) < 1e-3 * kernels_run["loss"][1]
     assert kernels_run["loss"][1] != bf16_run["loss"][1], "the FP4 layers took part"
 
 
