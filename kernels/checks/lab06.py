@@ -70,6 +70,8 @@ def fresh_quantizer_inputs(seed: int, rows: int = 37, k: int = 96) -> dict:
 def _as_fp4(out, fmt: str, question: str, name: str) -> fp4.FP4Tensor:
     if isinstance(out, fp4.FP4Tensor):
         q, s, ts = out.q, out.s, out.tensor_scale
+    elif isinstance(out, tuple | list) and len(out) == 4 and out[3] == fmt:  # an FP4Tensor as plain data
+        q, s, ts = out[:3]
     elif isinstance(out, tuple | list) and len(out) == 3:
         q, s, ts = out
     else:
