@@ -1,7 +1,7 @@
-"""The check of the FP4 training layer's backward operands (``kernels.checks.lab06.check_fp4_backward``, a
-question for Lab 6 whose notebook cells are still to be written): right solutions written several ways
-pass, each mistake of the recipe is caught with its own diagnosis, and the check's answer is the layer's
-(``kernels.fp4_linear``)."""
+"""Lab 6 q5's check (``kernels.checks.lab06.check_fp4_backward``), the FP4 training layer's backward
+operands: right solutions written several ways pass, each mistake of the recipe is caught with its own
+diagnosis, and the check's answer is the layer's (``kernels.fp4_linear``).  ``tests/test_checks_lab06.py``
+puts these solutions in the lab's tables, which the grader's tests read."""
 
 import pytest
 import torch
