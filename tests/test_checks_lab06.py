@@ -13,6 +13,9 @@ import torch
 import triton
 import triton.language as tl
 from _student import assert_student_solution_passes
+from test_checks_fp4_backward import RIGHT as BACKWARD_RIGHT
+from test_checks_fp4_backward import WRONG as BACKWARD_WRONG
+from test_checks_fp4_backward import student_backward
 
 from kernels import fp4, hadamard, w4a16
 from kernels.checks import ExerciseNotDone, lab06
@@ -150,6 +153,7 @@ WRONG_SOLUTIONS = {
         "signs after H": lambda x, b, d: student_hadamard(x, b, d, signs_after=True),
         "whole row rotated": lambda x, b, d: student_hadamard(x, b, d, whole_row=True),
     },
+    "q5": {name: fn for name, (fn, _) in BACKWARD_WRONG.items()},
 }
 
 EXPECTED = {
@@ -183,6 +187,7 @@ EXPECTED = {
         "signs after H": "signs applied after H",
         "whole row rotated": "whole row",
     },
+    "q5": {name: diagnosis for name, (_, diagnosis) in BACKWARD_WRONG.items()},
 }
 
 CHECKS = {
@@ -190,6 +195,7 @@ CHECKS = {
     "q2": lab06.check_dequantize,
     "q3": lab06.check_w4a16,
     "q4": lab06.check_hadamard,
+    "q5": lab06.check_fp4_backward,
 }
 
 RIGHT = {
@@ -197,6 +203,7 @@ RIGHT = {
     "q2": lambda q, s, ts, fmt: student_dequantize(q, s, ts, fmt),
     "q3": lambda a, q, s, ts, fmt: student_w4a16(a, q, s, ts, fmt),
     "q4": lambda x, b, d: student_hadamard(x, b, d),
+    "q5": student_backward,
 }
 
 PACKAGE = {
@@ -204,6 +211,7 @@ PACKAGE = {
     "q2": lambda q, s, ts, fmt: fp4.dequantize_fp4(fp4.FP4Tensor(q, s, ts, fmt)),
     "q3": lambda a, q, s, ts, fmt: w4a16.w4a16_matmul(a, fp4.FP4Tensor(q, s, ts, fmt)),
     "q4": lambda x, b, d: hadamard.hadamard_rotate(x, b, d),
+    "q5": lambda x, dy, seeds, signs: student_backward(x, dy, seeds, signs, as_tensor=True),  # all the package's
 }
 
 
@@ -268,10 +276,12 @@ def _lab_module(tmp_path, folder="labs"):
 
     lab = nbformat.read(Path(__file__).resolve().parents[1] / folder / "06_fp4_weight_only.ipynb", as_version=4)
     keep = ("@triton.jit", "ROWS, COLS", "import math", "def dequantize_fp4", "def w4a16", "def hadamard_rotate")
+    keep += ("def fp4_backward_operands",)
     sources = ["from kernels import device\ncaps = device.capabilities()"]
     for cell in lab.cells:
         if cell.cell_type == "code" and cell.source.startswith(keep) and "dot_scaled" not in cell.source:
             sources.append(cell.source)
+    sources.append("rotate = hadamard_rotate  # what the notebook's q5 uses once q4 passes")
     path = tmp_path / f"lab06_{folder}.py"
     path.write_text("\n\n".join(sources) + "\n")
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -309,7 +319,8 @@ def test_the_solution_kernels_pass(tmp_path, capsys):
     lab06.check_dequantize(sol.dequantize_fp4)
     lab06.check_w4a16(sol.w4a16_matmul)
     lab06.check_hadamard(sol.hadamard_rotate)
-    assert capsys.readouterr().out.count("passed") == 4
+    lab06.check_fp4_backward(sol.fp4_backward_operands)
+    assert capsys.readouterr().out.count("passed") == 5
 
 
 # -- right solutions, written the ways different students write them ---------------------------------------
@@ -715,6 +726,10 @@ STUDENT_SOLUTIONS = {
         "fast Walsh-Hadamard butterflies, no matrix": hadamard_butterflies,
         "signs folded into H's rows, ieee dot, sqrt_rn": hadamard_signed_rows,
     },
+    "q5": {
+        "FP4Tensors returned": BACKWARD_RIGHT["FP4Tensors returned"],
+        "rotations in fp32": BACKWARD_RIGHT["rotations in fp32"],
+    },
 }
 
 
@@ -793,6 +808,11 @@ def hadamard_signs_of_the_public_check(x, block, signs):
     return student_hadamard(x, block, hadamard.random_signs(block, seed=block))
 
 
+def backward_public_seeds(x, dy, seeds, signs):
+    """q5 with the public check's stochastic-rounding seeds written in: right there, wrong on fresh seeds."""
+    return student_backward(x, dy, lab06.backward_inputs()[2], signs)
+
+
 HIDDEN_CATCHES = {
     "q1": {"K // 64 column tiles (floor): a partial last tile is left out": quantize_whole_tiles_only},
     "q2": {"one tile of 16 rows": dequantize_one_row_tile},
@@ -804,4 +824,5 @@ HIDDEN_CATCHES = {
         "one tile of 16 rows": hadamard_one_row_tile,
         "the public check's signs instead of the ones passed": hadamard_signs_of_the_public_check,
     },
+    "q5": {"the public check's seeds instead of the ones passed": backward_public_seeds},
 }
