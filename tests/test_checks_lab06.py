@@ -13,9 +13,6 @@ import torch
 import triton
 import triton.language as tl
 from _student import assert_student_solution_passes
-from test_checks_fp4_backward import RIGHT as BACKWARD_RIGHT
-from test_checks_fp4_backward import WRONG as BACKWARD_WRONG
-from test_checks_fp4_backward import student_backward
 
 from kernels import fp4, hadamard, w4a16
 from kernels.checks import ExerciseNotDone, lab06
@@ -116,6 +113,30 @@ def student_hadamard(x, block, signs, *, normalize=True, use_signs=True, signs_a
     return y.reshape(xd.shape).to(x.dtype)
 
 
+def student_backward(x, dy, seeds, signs, *, sr=True, rotate=("dY^T", "X^T"), features=False, from_codes=False,
+                     swap_seeds=False, fp32_rotation=False, as_tensor=False):  # fmt: skip
+    """A solution of q5 with the package's quantizer and rotation; the keywords plant one mistake each
+    (or, ``fp32_rotation`` and ``as_tensor``, write a right solution another way)."""
+    s_dgrad, s_wgrad = (seeds[1], seeds[0]) if swap_seeds else seeds
+
+    def quant(t, seed=None):
+        kw = {"stochastic_rounding": sr and seed is not None, "seed": seed if sr and seed is not None else 0}
+        out = fp4.quantize_nvfp4(t.contiguous(), **kw)
+        return out if as_tensor else (out.q, out.s, out.tensor_scale)
+
+    def rot(t):  # t: (rows, tokens)
+        if features:
+            return hadamard.hadamard_rotate(t.t().contiguous(), 16, signs).t()
+        return hadamard.hadamard_rotate(t.float().contiguous() if fp32_rotation else t.contiguous(), 16, signs)
+
+    dy_in = hadamard.hadamard_rotate(dy.contiguous(), 16, signs) if "dY" in rotate else dy  # along its K
+    xt = x.t()
+    if from_codes:
+        xt = fp4.dequantize_fp4(fp4.quantize_nvfp4(x), torch.bfloat16).t()
+    dyt, xt = (rot(t) if role in rotate else t for role, t in (("dY^T", dy.t()), ("X^T", xt)))
+    return quant(dy_in, s_dgrad), quant(dyt, s_wgrad), quant(xt)
+
+
 def right_quantize(x, fmt):
     return student_quantize(x, fmt)
 
@@ -153,7 +174,14 @@ WRONG_SOLUTIONS = {
         "signs after H": lambda x, b, d: student_hadamard(x, b, d, signs_after=True),
         "whole row rotated": lambda x, b, d: student_hadamard(x, b, d, whole_row=True),
     },
-    "q5": {name: fn for name, (fn, _) in BACKWARD_WRONG.items()},
+    "q5": {
+        "nearest rounding": lambda *a: student_backward(*a, sr=False),
+        "seeds swapped": lambda *a: student_backward(*a, swap_seeds=True),
+        "X^T not rotated": lambda *a: student_backward(*a, rotate=("dY^T",)),
+        "rotated along the features": lambda *a: student_backward(*a, features=True),
+        "X^T from the forward's codes": lambda *a: student_backward(*a, from_codes=True),
+        "dY rotated too": lambda *a: student_backward(*a, rotate=("dY", "dY^T", "X^T")),
+    },
 }
 
 EXPECTED = {
@@ -187,7 +215,14 @@ EXPECTED = {
         "signs after H": "signs applied after H",
         "whole row rotated": "whole row",
     },
-    "q5": {name: diagnosis for name, (_, diagnosis) in BACKWARD_WRONG.items()},
+    "q5": {
+        "nearest rounding": "rounded to nearest",
+        "seeds swapped": "other operand's seed",
+        "X^T not rotated": "not rotated",
+        "rotated along the features": "along the features",
+        "X^T from the forward's codes": "FP4 codes transposed",
+        "dY rotated too": "wgrad's operands only",
+    },
 }
 
 CHECKS = {
@@ -255,6 +290,13 @@ def test_unfinished_exercise_reads_as_not_done(q):
         CHECKS[q](stub)
     with pytest.raises(ExerciseNotDone):
         CHECKS[q](lambda *args: None)
+
+
+def test_q5_refuses_what_is_not_three_operands():
+    with pytest.raises(ExerciseNotDone):
+        lab06.check_fp4_backward(None)
+    with pytest.raises(AssertionError, match="three quantized operands"):
+        lab06.check_fp4_backward(lambda *args: (1, 2))
 
 
 def test_inputs_are_fixed():
@@ -727,8 +769,8 @@ STUDENT_SOLUTIONS = {
         "signs folded into H's rows, ieee dot, sqrt_rn": hadamard_signed_rows,
     },
     "q5": {
-        "FP4Tensors returned": BACKWARD_RIGHT["FP4Tensors returned"],
-        "rotations in fp32": BACKWARD_RIGHT["rotations in fp32"],
+        "FP4Tensors returned": lambda *a: student_backward(*a, as_tensor=True),
+        "rotations in fp32": lambda *a: student_backward(*a, fp32_rotation=True),
     },
 }
 

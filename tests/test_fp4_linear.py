@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels import fp4
+from kernels import fp4, hadamard
 from kernels import fp4_linear as F
 from kernels.device import default_device
 
@@ -248,3 +248,18 @@ def test_the_verdicts_apply_the_one_and_three_percent_rule():
     }
     with pytest.raises(ValueError, match="base"):
         F.verdicts(runs, "fp32", limit=5.0)
+
+
+def test_lab_6_q5s_answer_is_the_layers():
+    """Lab 6 q5's check (kernels.checks.lab06.check_fp4_backward) wants the layer's own backward operands."""
+    from kernels.checks import lab06
+
+    recipe, step = F.FP4Recipe(seed=3), 4
+    x, dy, _, _ = lab06.backward_inputs()
+    x, dy = x.to(DEVICE), dy.to(DEVICE)
+    signs = hadamard.random_signs(16, recipe.seed)
+    want = lab06.backward_reference(x, dy, recipe.step_seeds(step), signs.to(DEVICE))
+    layer = F.operands(x, torch.zeros(32, x.shape[1], device=DEVICE), dy, recipe, step)
+    for role, key in (("dY", "dy"), ("dY^T", "dyt"), ("X^T", "xt")):
+        assert torch.equal(want[role].q.cpu(), layer[key].q.cpu()), role
+        assert torch.equal(want[role].s.view(torch.uint8).cpu(), layer[key].s.view(torch.uint8).cpu()), role
