@@ -665,6 +665,16 @@ def dequantize_fp4(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
     return y.reshape(t.shape)
 
 
+def block_values(t: FP4Tensor) -> torch.Tensor:
+    """``q * block_scale`` for every element, in bf16, without the NVFP4 tensor scale: exact (a code has
+    at most 2 significant bits, an E4M3 scale 4 and an E8M0 scale 1; bf16 holds 8, with fp32's exponent
+    range), so a bf16 GEMM of two such operands with an fp32 accumulator sums the exact products of an FP4
+    GEMM, and the tensor scales can multiply its fp32 result."""
+    if check_fp4(t) and t.fmt == "nvfp4":
+        t = t._replace(tensor_scale=torch.ones((), dtype=torch.float32, device=t.q.device))
+    return dequantize_fp4(t, torch.bfloat16)
+
+
 def dequantize_fp4_reference(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
     """Plain-torch :func:`dequantize_fp4`."""
     bs = check_fp4(t)
@@ -707,6 +717,7 @@ __all__ = [
     "NVFP4_BLOCK",
     "FP4Tensor",
     "bits_per_element",
+    "block_values",
     "check_fp4",
     "dequantize_fp4",
     "dequantize_fp4_reference",
