@@ -319,29 +319,27 @@ def swap_linears(model: torch.nn.Module, recipe: FP4Recipe | None = None, keep=(
 
 # -- training runs ----------------------------------------------------------------------------------
 
-# The CharTransformer's linear layers that the recipe keeps in bf16: the output head (its vocabulary is
-# not a multiple of 16, and the recipe keeps the last layers wide anyway) and the last block.
-SENSITIVE = ("head",)
-
-
-def last_block(model) -> tuple:
-    """The qualified names of the linear layers of ``model``'s last transformer block."""
+def sensitive_layers(model) -> tuple:
+    """The qualified names of the linear layers of chapter 4's character model that the recipe keeps in
+    bf16: the output head and the four linear layers of the last transformer block (the recipe keeps the
+    last blocks of a large model wide; this model has four blocks)."""
     i = len(model.blocks) - 1
-    return tuple(f"blocks.{i}.{name}" for name in ("qkv", "proj", "up", "down"))
+    return ("head",) + tuple(f"blocks.{i}.{name}" for name in ("qkv", "proj", "up", "down"))
 
 
-def train(recipe=None, keep_last_block: bool = True, **kw) -> dict:
+def train(recipe=None, keep_sensitive: bool = True, **kw) -> dict:
     """:func:`kernels.charmodel.train` of chapter 4's character model under bf16 autocast, with its linear
     layers in FP4 by ``recipe`` (an :class:`FP4Recipe`), in FP8 by chapter 5's layer (a
-    :class:`kernels.fp8_linear.FP8Recipe`), or all in bf16 (None, the baseline); the head and, unless
-    ``keep_last_block`` is False, the last block stay in bf16.  ``kw`` goes to ``charmodel.train``."""
+    :class:`kernels.fp8_linear.FP8Recipe`), or all in bf16 (None, the baseline).  The
+    :func:`sensitive_layers` stay in bf16 unless ``keep_sensitive`` is False (every linear layer in the
+    low precision).  ``kw`` goes to ``charmodel.train``."""
     from kernels import charmodel, fp8_linear
 
     if not (recipe is None or isinstance(recipe, (FP4Recipe, fp8_linear.FP8Recipe))):
         raise TypeError(f"recipe must be an FP4Recipe, an FP8Recipe or None, got {type(recipe).__name__}")
 
     def prepare(model):
-        keep = SENSITIVE + (last_block(model) if keep_last_block else ())
+        keep = sensitive_layers(model) if keep_sensitive else ()
         if isinstance(recipe, FP4Recipe):
             swap_linears(model, recipe, keep=keep)
         elif recipe is not None:
@@ -402,13 +400,12 @@ __all__ = [
     "GOOD_GAP",
     "RHT_BLOCK",
     "ROLES",
-    "SENSITIVE",
     "fp4_gemm",
     "fp4_linear",
     "diverged_at",
     "fp4_linear_reference",
-    "last_block",
     "operands",
+    "sensitive_layers",
     "swap_linears",
     "train",
     "verdicts",
