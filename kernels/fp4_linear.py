@@ -54,7 +54,7 @@ import torch
 from kernels import fp4
 from kernels.hadamard import hadamard_rotate, random_signs
 
-RHT_BLOCK = 16  # the recipe's rotation: 16x16 Hadamard blocks along the wgrad's K
+RHT_BLOCK = fp4.RHT_BLOCK  # the recipe's rotation: 16x16 Hadamard blocks along the wgrad's K
 ROLES = ("x", "w", "dy", "wt", "dyt", "xt")  # the six operands: forward (x, w), dgrad (dy, wt), wgrad (dyt, xt)
 
 
@@ -113,6 +113,16 @@ def _quantize(t, recipe: FP4Recipe, tiles: bool = False, seed=None, reference: b
     return fp4.quantize_fp4(t.contiguous(), recipe.fmt, **kw)
 
 
+def _quantize_t(t2, recipe: FP4Recipe, seed=None, reference: bool = False) -> fp4.FP4Tensor:
+    """A wgrad operand: ``t2^T`` (rotated along the tokens if the recipe rotates), quantized along the
+    tokens, in one kernel (:func:`kernels.fp4.quantize_fp4_t`) or by the references."""
+    if reference or recipe.reference:
+        return _quantize(_rotated(t2.t().contiguous(), recipe), recipe, seed=seed, reference=True)
+    signs = random_signs(RHT_BLOCK, recipe.seed, t2.device) if recipe.rht else None
+    sr = {"stochastic_rounding": seed is not None, "seed": 0 if seed is None else seed}
+    return fp4.quantize_fp4_t(t2, recipe.fmt, signs, **sr)
+
+
 def _transpose_tiles(q: fp4.FP4Tensor) -> fp4.FP4Tensor:
     """The 16x16-tiled quantization of ``W`` read as ``W^T``'s: codes transposed, the tile scales put on
     ``W^T``'s rows (the same tile's scale, whichever way it is read), the same tensor scale."""
@@ -134,8 +144,8 @@ def operands(x2, weight, dy2, recipe: FP4Recipe, step: int = 0, reference: bool 
         q["wt"] = _transpose_tiles(q["w"])
     else:
         q["wt"] = _quantize(weight.t(), recipe, reference=reference)
-    q["dyt"] = _quantize(_rotated(dy2.t().contiguous(), recipe), recipe, seed=sdt, reference=reference)
-    q["xt"] = _quantize(_rotated(x2.t().contiguous(), recipe), recipe, reference=reference)
+    q["dyt"] = _quantize_t(dy2, recipe, seed=sdt, reference=reference)
+    q["xt"] = _quantize_t(x2, recipe, reference=reference)
     return q
 
 
@@ -233,8 +243,8 @@ class FP4LinearFunction(torch.autograd.Function):
             qwt = _transpose_tiles(ctx.qw) if r.weight_tiles else _quantize(weight.t(), r)
             dx = fp4_gemm(_quantize(dy2, r, seed=sd), qwt, x2.dtype).reshape(ctx.shape)
         if ctx.needs_input_grad[1]:  # dW = dY^T (X^T)^T, both rotated along the tokens
-            qdyt = _quantize(_rotated(dy2.t().contiguous(), r), r, seed=sdt)
-            qxt = _quantize(_rotated(x2.t().contiguous(), r), r)
+            qdyt = _quantize_t(dy2, r, seed=sdt)
+            qxt = _quantize_t(x2, r)
             dw = fp4_gemm(qdyt, qxt, weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0)
