@@ -37,8 +37,10 @@ recipe's numbers do not need them: an FP4 GEMM multiplies codes times block scal
 bf16 (:func:`kernels.fp4.block_values`), sums the products in fp32 and applies the two tensor scales to the
 sum.  A bf16 GEMM with an fp32 accumulator on those exact values does that; on Blackwell the tensor cores
 read the codes and scales themselves (``tl.dot_scaled``), and the numbers differ only in the order of the
-fp32 sum.  The quantizers are the Triton kernels of chapter 6 (:func:`kernels.fp4.quantize_fp4`,
-:func:`kernels.hadamard.hadamard_rotate`).
+fp32 sum.  The quantizers are the Triton kernels of chapter 6: :func:`kernels.fp4.quantize_fp4` for
+``X``, ``W`` and ``dY``, and :func:`kernels.fp4.quantize_fp4_t` for the wgrad operands, which transposes,
+rotates and quantizes in one kernel, bit for bit the three passes (``t()``, ``hadamard_rotate``,
+``quantize_fp4``) that :func:`fp4_linear_reference` runs.
 
 :func:`fp4_linear_reference` is the same recipe in plain torch: the quantizers' references (bit for bit
 the kernels', stochastic rounding's random bits included) and the GEMMs in float64.  The rotation is the
