@@ -331,6 +331,7 @@ def swap_linears(model: torch.nn.Module, recipe: FP4Recipe | None = None, keep=(
 
 # -- training runs ----------------------------------------------------------------------------------
 
+
 def sensitive_layers(model) -> tuple:
     """The qualified names of the linear layers of chapter 4's character model that the recipe keeps in
     bf16: the output head and the four linear layers of the last transformer block (the recipe keeps the

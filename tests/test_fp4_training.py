@@ -25,7 +25,8 @@ def test_each_ablation_removes_exactly_one_ingredient_of_the_recipe():
     }
     for name, fields in removed.items():
         r, k = c[name]
-        changed = {f for f in ("fmt", "weight_tiles", "stochastic_rounding", "rht", "seed") if getattr(r, f) != getattr(recipe, f)}
+        fields_of = ("fmt", "weight_tiles", "stochastic_rounding", "rht", "seed")
+        changed = {f for f in fields_of if getattr(r, f) != getattr(recipe, f)}
         assert changed == fields, name
         assert k is (name != "every layer in FP4"), name
 
