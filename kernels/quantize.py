@@ -366,6 +366,13 @@ def _tensor_amax_and_scale(x: torch.Tensor, fmt: str):
     return out[0], out[1], out[2:3]
 
 
+def fold_amax(partial: torch.Tensor, out: torch.Tensor) -> None:
+    """Fold per-program maxima ``partial`` (fp32) into ``out[0]`` on the device, in one program (``out``:
+    three fp32, of which ``out[1:]`` receive an E4M3 scale and its inverse that the caller may ignore)."""
+    _amax_finalize_kernel[(1,)](partial, partial.numel(), out[0:], out[1:], out[2:], FP8_MAX=FP8_MAX["e4m3"],
+                                BLOCK=FINALIZE_BLOCK)  # fmt: skip
+
+
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| over the finite elements of ``x`` (0 if none), as a 0-d fp32 device tensor."""
     x = _check_input(x)
@@ -1163,6 +1170,7 @@ __all__ = [
     "DelayedScaling",
     "E8M0_BIAS",
     "EMAX_ELEM",
+    "fold_amax",
     "FP8_FORMATS",
     "FP8_MAX",
     "GRANULARITIES",
