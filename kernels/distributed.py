@@ -483,40 +483,10 @@ def _mean_over_ranks(x: torch.Tensor) -> float:
     return float(t) / dist.get_world_size()
 
 
-def _single_process(steps, world_size, mixed: bool) -> tuple:
-    """The reference runs on one process and the whole global batch: fp32 throughout, or (``mixed``) in
-    bf16 with fp32 master weights and AdamW state (what FSDP2 computes on one rank).  Returns (losses,
-    final fp32 parameters)."""
-    model = _model()
-    master = list(model.parameters())
-    if mixed:
-        compute = _compute_copy(model)
-        master = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
-    opt = torch.optim.AdamW(master, lr=SETUP["lr"], weight_decay=0.0)
-    losses = []
-    for idx, target in _batches(steps, world_size):
-        net = compute if mixed else model
-        loss = _loss(net, idx.to(device()), target.to(device()))
-        net.zero_grad(set_to_none=True)
-        loss.backward()
-        if mixed:
-            for p, m in zip(compute.parameters(), master, strict=True):
-                m.grad = p.grad.float()
-        opt.step()
-        if mixed:
-            with torch.no_grad():
-                for p, m in zip(compute.parameters(), master, strict=True):
-                    p.copy_(m)
-        losses.append(float(loss))
-    return losses, [m.detach().float().cpu().clone() for m in master]
-
-
-def training_experiment(rank, world_size, steps, reduce_dtype):
-    """Train the chapter's model under FSDP2 (bf16 compute, fp32 master shards and AdamW state, gradients
-    reduced in ``reduce_dtype``) for ``steps`` steps on global batches split over the ranks.  Returns the
-    loss of each step (the global batch's), the final parameters (whole), and what this rank holds
-    (:func:`state_bytes`)."""
-    model = shard(_model(), reduce_dtype=reduce_dtype)
+def _train(model, rank, world_size, steps) -> tuple:
+    """``steps`` AdamW steps of ``model`` on this rank's share of the global batches: (optimizer, the
+    loss tensors of this rank).  The losses are left on the device: averaging them over the ranks is a
+    collective of its own, for after the steps (see :func:`_mean_over_ranks`)."""
     opt = torch.optim.AdamW(model.parameters(), lr=SETUP["lr"], weight_decay=0.0)
     losses = []
     for batch in _batches(steps, world_size):
@@ -524,39 +494,81 @@ def training_experiment(rank, world_size, steps, reduce_dtype):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(_mean_over_ranks(loss))
-    held = state_bytes(model, opt)
-    return {"losses": losses, "params": [full(p).detach().float().cpu() for p in model.parameters()], "held": held}
+        losses.append(loss.detach())
+    return opt, losses
+
+
+def _single_process(steps, world_size, mixed: bool) -> tuple:
+    """The reference runs on one process and the whole global batch: fp32 throughout, or (``mixed``) in
+    bf16 with fp32 master weights and AdamW state (what FSDP2 computes on one rank).  Returns (losses,
+    final fp32 parameters)."""
+    model = _model()
+    master = list(model.parameters())
+    net = model
+    if mixed:
+        net = _compute_copy(model)
+        master = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+    opt = torch.optim.AdamW(master, lr=SETUP["lr"], weight_decay=0.0)
+    losses = []
+    for idx, target in _batches(steps, world_size):
+        loss = _loss(net, idx.to(device()), target.to(device()))
+        net.zero_grad(set_to_none=True)
+        loss.backward()
+        if mixed:
+            for p, m in zip(net.parameters(), master, strict=True):
+                m.grad = p.grad.float()
+        opt.step()
+        if mixed:
+            with torch.no_grad():
+                for p, m in zip(net.parameters(), master, strict=True):
+                    p.copy_(m)
+        losses.append(float(loss))
+    return losses, [m.detach().float().cpu().clone() for m in master]
+
+
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def training_experiment(rank, world_size, steps, reductions=tuple(REDUCE_DTYPES)):
+    """Train the chapter's model under FSDP2 (bf16 compute, fp32 master shards and AdamW state) for
+    ``steps`` steps on global batches split over the ranks, once per gradient reduction dtype in
+    ``reductions`` (names of :data:`REDUCE_DTYPES`).  Returns, for each: the loss of each step (the global
+    batch's), the final parameters (whole), and what this rank holds (:func:`state_bytes`)."""
+    out = {}
+    for name in reductions:
+        model = shard(_model(), reduce_dtype=REDUCE_DTYPES[name])
+        opt, losses = _train(model, rank, world_size, steps)
+        out[name] = {
+            "losses": [_mean_over_ranks(x) for x in losses],
+            "params": [full(p).detach().float().cpu() for p in model.parameters()],
+            "held": state_bytes(model, opt),
+        }
+    return out
 
 
 def reference_experiment(rank, world_size, steps, ranks):
     """:func:`_single_process` for the global batches of ``ranks`` ranks, fp32 and mixed (run on one
     process: ``world_size`` 1)."""
-    return {name: _single_process(steps, ranks, mixed) for name, mixed in (("fp32", False), ("mixed", True))}
+    return {name: _single_process(steps, ranks, mixed) for name, mixed in (("fp32", False), ("bf16", True))}
 
 
-def training_drift(steps=200, world_sizes=(2, 4)) -> dict:
+def training_drift(steps=100, world_size=2) -> dict:
     """Train the same model from the same seed on the same global batches: on one process in fp32 (the
-    reference) and in bf16 with fp32 masters, and under FSDP2 over N ranks with gradients reduced in fp32
-    and in bf16.  Returns ``{run: {"loss": last loss, "drift": |theta - theta_ref| / |theta_ref|}}`` and,
-    under ``"held"``, each N's bytes per parameter held by one rank."""
-    out, held = {}, {}
-    for n in world_sizes:
-        ref = launch(reference_experiment, 1, (steps, n))[0]
-        ref_params = ref["fp32"][1]
-        out[f"one process, fp32 (N={n} batch)"] = {"loss": ref["fp32"][0][-1], "drift": 0.0}
-        drift = _relative(ref["mixed"][1], ref_params)
-        out[f"one process, bf16 (N={n} batch)"] = {"loss": ref["mixed"][0][-1], "drift": drift}
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            r = launch(training_experiment, n, (steps, dtype))
-            drift = _relative(r[0]["params"], ref_params)
-            out[f"FSDP2 N={n}, reduce {name}"] = {"loss": r[0]["losses"][-1], "drift": drift}
-            held[n] = {k: v / r[0]["held"]["numel"] for k, v in r[0]["held"].items() if k != "numel"}
-    out["held"] = held
-    return out
+    reference) and in bf16 with fp32 masters, and under FSDP2 over ``world_size`` ranks with gradients
+    reduced in fp32 and in bf16.  Returns ``{"runs": {run: {"loss": last loss, "drift": |theta -
+    theta_ref| / |theta_ref|}}, "held": {kind: bytes per parameter one rank holds}}``."""
+    ref = launch(reference_experiment, 1, (steps, world_size))[0]
+    fsdp = launch(training_experiment, world_size, (steps,))[0]
+    truth = ref["fp32"][1]
+    runs = {f"one process, {k}": {"loss": v[0][-1], "drift": _relative(v[1], truth)} for k, v in ref.items()}
+    for k, v in fsdp.items():
+        runs[f"FSDP2 x{world_size}, reduce {k}"] = {"loss": v["losses"][-1], "drift": _relative(v["params"], truth)}
+    held = fsdp["fp32"]["held"]
+    return {"runs": runs, "held": {k: v / held["numel"] for k, v in held.items() if k != "numel"}}
 
 
 OUTLIER = 0.5  # one weight of the first up-projection, in the rows the last rank holds (the rest are < 0.13)
+GATHERS = ("bf16", "fp8", "fp8, own scales")
 
 
 def _with_outlier(model):
@@ -566,69 +578,67 @@ def _with_outlier(model):
     return model
 
 
-def fp8_gather_experiment(rank, world_size, steps, gather):
+def fp8_gather_experiment(rank, world_size, steps, gathers=GATHERS):
     """Train the chapter's model with FP8Linear blocks (one scale per tensor) under FSDP2 for ``steps``
-    steps, its weights gathered as bf16 (``gather="bf16"``: the layer quantizes after the gather), as FP8
-    codes with an agreed scale (``"fp8"``) or with each shard's own scale (``"fp8, own scales"``); one
-    weight is an outlier (:data:`OUTLIER`).  Returns the losses, the final gradients (whole), the bytes each
-    collective moved per step, and the first up-projection's weight as the layer saw it at the first step
-    (dequantized) with the bf16 weight it stands for."""
+    steps, once per way of gathering the weights in ``gathers``: as bf16 (``"bf16"``: the layer quantizes
+    after the gather), as FP8 codes with an agreed scale (``"fp8"``) or with each shard's own scale
+    (``"fp8, own scales"``); one weight is an outlier (:data:`OUTLIER`).  Returns, for each: the losses,
+    the final gradients (whole), the calls and bytes of each collective per step, and the first
+    up-projection's weight as the layer saw it at the first step (dequantized) with the bf16 weight it
+    stands for."""
+    from kernels import fp8_ops as ops
     from kernels.fp8_linear import FP8Recipe
 
-    model = _with_outlier(_model(FP8Recipe()))
-    truth = model.ups[0].weight.detach().to(torch.bfloat16).float().cpu()
-    if gather != "bf16":
-        fp8_all_gather(model, agree=gather == "fp8")
-    shard(model)
-    seen = []
+    out = {}
+    for gather in gathers:
+        if gather not in GATHERS:
+            raise ValueError(f"gathers must be among {list(GATHERS)}, got {gather!r}")
+        model = _with_outlier(_model(FP8Recipe()))
+        truth = model.ups[0].weight.detach().to(torch.bfloat16).float().cpu()
+        if gather != "bf16":
+            fp8_all_gather(model, agree=gather == "fp8")
+        shard(model)
+        seen = []
 
-    def look(module, args):
-        if not seen:
-            w = module.weight
-            q, s = (w.q, w.s) if isinstance(w, FP8GatheredWeight) else (None, None)
-            if q is None:  # gathered in bf16: what the layer's quantizer makes of it
-                from kernels import fp8_ops as ops
+        def look(module, args, seen=seen):
+            if not seen:
+                w = module.weight
+                # gathered in bf16: what the layer's own quantizer makes of it
+                q, s = (w.q, w.s) if isinstance(w, FP8GatheredWeight) else ops.quantize_tensor(w.detach(), "e4m3")
+                seen.append((q.float() * s).cpu())
 
-                q, s = ops.quantize_tensor(w.detach(), "e4m3")
-            seen.append((q.float() * s).cpu())
-
-    handle = model.ups[0].register_forward_pre_hook(look)
-    opt = torch.optim.AdamW(model.parameters(), lr=SETUP["lr"], weight_decay=0.0)
-    losses = []
-    with count_collectives() as counts:  # FSDP2's collectives (and the amax all-reduces), nothing else
-        for batch in _batches(steps, world_size):
-            loss = _loss(model, *_local(batch, rank))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
-    losses = [_mean_over_ranks(x) for x in losses]
-    handle.remove()
-    per_step = {k: {"calls": v["calls"] / steps, "bytes": v["bytes"] / steps} for k, v in counts.items()}
-    return {"losses": losses, "grads": _grads(model), "collectives": per_step, "seen": seen[0], "truth": truth}
+        handle = model.ups[0].register_forward_pre_hook(look)
+        with count_collectives() as counts:  # FSDP2's collectives (and the amax all-reduces), nothing else
+            _, losses = _train(model, rank, world_size, steps)
+        handle.remove()
+        out[gather] = {
+            "losses": [_mean_over_ranks(x) for x in losses],
+            "grads": _grads(model),
+            "collectives": {k: {"calls": v["calls"] / steps, "bytes": v["bytes"] / steps} for k, v in counts.items()},
+            "seen": seen[0],
+            "truth": truth,
+        }
+    return out
 
 
-def amax_experiment(rank, world_size, steps, agree):
-    """Train with delayed scaling (FP8Recipe(scaling="delayed")) under FSDP2 for ``steps`` steps, each
-    rank on its share of the global batch, with the amaxes all-reduced (``agree``) or each rank's own.
-    Returns every FP8Linear's histories (role -> history) on this rank, and the losses."""
+def amax_experiment(rank, world_size, steps, agreements=(True, False)):
+    """Train with delayed scaling (``FP8Recipe(scaling="delayed")``) under FSDP2 for ``steps`` steps, each
+    rank on its share of the global batch, once with the amaxes all-reduced (``True`` in ``agreements``)
+    and once with each rank's own (``False``).  Returns, for each: every FP8Linear's histories (role ->
+    history) on this rank, and the losses."""
     from kernels.fp8_linear import FP8Linear, FP8Recipe
 
-    model = _model(FP8Recipe(scaling="delayed"))
-    if agree:
-        agree_amax(model)
-    shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=SETUP["lr"], weight_decay=0.0)
-    losses = []
-    for batch in _batches(steps, world_size):
-        loss = _loss(model, *_local(batch, rank))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(_mean_over_ranks(loss))
-    histories = {
-        name: {k: v.detach().cpu().clone() for k, v in m.amax_histories().items()}
-        for name, m in model.named_modules()
-        if isinstance(m, FP8Linear)
-    }
-    return {"histories": histories, "losses": losses}
+    out = {}
+    for agree in agreements:
+        model = _model(FP8Recipe(scaling="delayed"))
+        if agree:
+            agree_amax(model)
+        shard(model)
+        _, losses = _train(model, rank, world_size, steps)
+        histories = {
+            name: {k: v.detach().cpu().clone() for k, v in m.amax_histories().items()}
+            for name, m in model.named_modules()
+            if isinstance(m, FP8Linear)
+        }
+        out[agree] = {"histories": histories, "losses": [_mean_over_ranks(x) for x in losses]}
+    return out

@@ -50,42 +50,56 @@ def test_the_reduction_alone_costs_bf16_digits_and_fp32_none():
 
 def test_fp8_all_gather_halves_the_weights_bytes_and_changes_no_bit():
     steps = 2
-    runs = {g: D.launch(D.fp8_gather_experiment, 2, (steps, g)) for g in ("bf16", "fp8", "fp8, own scales")}
-    bf16, fp8, own = runs["bf16"], runs["fp8"], runs["fp8, own scales"]
-    for a, b in zip(bf16, fp8, strict=True):
-        assert a["losses"] == b["losses"]
-        assert all(torch.equal(x, y) for x, y in zip(a["grads"], b["grads"], strict=True))
-        assert torch.equal(a["seen"], b["seen"])
+    ranks = D.launch(D.fp8_gather_experiment, 2, (steps,))
+    for r in ranks:
+        bf16, fp8 = r["bf16"], r["fp8"]
+        assert bf16["losses"] == fp8["losses"]
+        assert all(torch.equal(x, y) for x, y in zip(bf16["grads"], fp8["grads"], strict=True))
+        assert torch.equal(bf16["seen"], fp8["seen"])
+    runs = ranks[0]
     # The FP8Linear weights (2 blocks x (64x256 + 256x64)) travel twice a step (forward, and again for
     # the backward), at 1 byte instead of 2; everything else travels as before.
     fp8_weights = 2 * 2 * 64 * 256
-    gathered = {g: r[0]["collectives"]["all-gather"]["bytes"] for g, r in runs.items()}
+    gathered = {g: r["collectives"]["all-gather"]["bytes"] for g, r in runs.items()}
     assert gathered["bf16"] - gathered["fp8"] == 2 * fp8_weights
     assert gathered["fp8"] == gathered["fp8, own scales"]
-    assert fp8[0]["collectives"]["all-reduce"]["calls"] == 2 * 4  # one amax per weight and gather
-    assert "all-reduce" not in own[0]["collectives"]
+    assert runs["fp8"]["collectives"]["all-reduce"]["calls"] == 2 * 4  # one amax per weight and gather
+    assert "all-reduce" not in runs["fp8, own scales"]["collectives"]
+    assert "all-reduce" not in runs["bf16"]["collectives"]
     # Without an agreed scale each rank reads every shard with its own shard's scale: a weight no rank
     # holds, and a different one on each rank.
+    own = [r["fp8, own scales"] for r in ranks]
     for r in own:
-        err = float((r["seen"] - r["truth"]).norm() / r["truth"].norm())
-        assert err > 0.3
+        assert float((r["seen"] - r["truth"]).norm() / r["truth"].norm()) > 0.3
     assert not torch.equal(own[0]["seen"], own[1]["seen"])
-    assert own[0]["losses"] != fp8[0]["losses"]
+    assert own[0]["losses"] != runs["fp8"]["losses"]
+    with pytest.raises(ValueError, match="gathers must be among"):
+        D.fp8_gather_experiment(0, 1, 1, ("fp4",))
 
 
 def test_delayed_scaling_histories_agree_on_every_rank_only_when_reduced():
-    agreed = D.launch(D.amax_experiment, 2, (3, True))
-    own = D.launch(D.amax_experiment, 2, (3, False))
-    layers = agreed[0]["histories"]
-    assert set(layers) == {"ups.0", "ups.1", "downs.0", "downs.1"}
-    for name in layers:
+    ranks = D.launch(D.amax_experiment, 2, (3,))
+    agreed = [r[True]["histories"] for r in ranks]
+    own = [r[False]["histories"] for r in ranks]
+    assert set(agreed[0]) == {"ups.0", "ups.1", "downs.0", "downs.1"}
+    for name in agreed[0]:
         for role in ("x", "w", "dy"):
-            assert torch.equal(agreed[0]["histories"][name][role], agreed[1]["histories"][name][role])
-            assert (agreed[0]["histories"][name][role][:3] > 0).all()
+            assert torch.equal(agreed[0][name][role], agreed[1][name][role])
+            assert (agreed[0][name][role][:3] > 0).all()
         # The weights are the same on every rank (FSDP2 gathers them), so their amaxes agree anyway; the
         # activations and gradients come from each rank's own data.
-        assert torch.equal(own[0]["histories"][name]["w"], own[1]["histories"][name]["w"])
-        assert not torch.equal(own[0]["histories"][name]["x"], own[1]["histories"][name]["x"])
+        assert torch.equal(own[0][name]["w"], own[1][name]["w"])
+        assert not torch.equal(own[0][name]["x"], own[1][name]["x"])
+
+
+def test_training_under_fsdp2_holds_16_bytes_a_parameter_spread_over_the_ranks():
+    out = D.training_drift(steps=3, world_size=2)
+    # fp32 master shard, fp32 gradient shard, AdamW's two fp32 moments: 16 bytes, half on each rank.
+    assert out["held"] == {"params": 2.0, "grads": 2.0, "optimizer": 4.0}
+    runs = out["runs"]
+    assert runs["one process, fp32"]["drift"] == 0.0
+    for name in ("one process, bf16", "FSDP2 x2, reduce fp32", "FSDP2 x2, reduce bf16"):
+        assert 0 < runs[name]["drift"] < 0.05, name
 
 
 def test_launch_refuses_what_it_cannot_run():
