@@ -21,17 +21,20 @@ with MAX), so the gathered codes are bit for bit those of quantizing the gathere
 rank's own amax instead (``agree=False``), every shard has its own scale and the gathered codes are read
 with one of them: a weight that no rank holds.
 
-Processes: :func:`launch` starts them with ``torch.multiprocessing`` and the gloo backend on CPU (a laptop,
-CI; the kernels run in CPU mode in every worker, so the numbers are compiled Hopper's on either lane), or
-NCCL with one GPU per rank.  ``torchrun --nproc-per-node 2`` runs the same per-rank functions (see
-:func:`main`).
+Processes: :func:`launch` starts N fresh Pythons (``python -m kernels.distributed``, one per rank, as
+``torchrun --nproc-per-node N`` would), joined with the gloo backend on CPU (a laptop, CI; every worker
+runs the package in CPU mode, so the FP8 numbers are compiled Hopper's on either lane) or NCCL with one
+GPU per rank.
 """
 
 import contextlib
 import math
 import os
 import socket
+import subprocess
+import sys
 import tempfile
+import time
 from datetime import timedelta
 
 import torch
@@ -49,26 +52,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, fn, world_size, args, backend, init_method, out_dir):
-    if backend == "nccl":
+def _worker(job: str, rank: int) -> None:
+    """One rank of :func:`launch` (``python -m kernels.distributed JOB RANK``): join the group, run the
+    function, save what it returned next to the job."""
+    import importlib
+
+    spec = torch.load(job, weights_only=False)
+    fn = importlib.import_module(spec["module"])
+    for part in spec["name"].split("."):
+        fn = getattr(fn, part)
+    if spec["backend"] == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(
-        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(minutes=5)
+        spec["backend"],
+        init_method=spec["init"],
+        rank=rank,
+        world_size=spec["world_size"],
+        timeout=timedelta(minutes=5),
     )
     try:
-        result = fn(rank, world_size, *args)
-        torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+        result = fn(rank, spec["world_size"], *spec["args"])
+        torch.save(result, os.path.join(os.path.dirname(job), f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def launch(fn, world_size: int = 2, args: tuple = (), backend: str = "gloo") -> list:
+def launch(fn, world_size: int = 2, args: tuple = (), backend: str = "gloo", timeout_s: float = 900) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes joined in one process group, and
-    return what each returned (a list by rank; results travel through ``torch.save``).
+    return what each returned (a list by rank; arguments and results travel through ``torch.save``).
 
     ``backend="gloo"`` runs on CPU: each worker imports the package in CPU mode (``KERNELS_INTERPRET=1``),
-    whatever the parent runs on.  ``"nccl"`` puts rank r on GPU r and needs ``world_size`` GPUs.  ``fn``
-    must be importable (defined in a module, not in a notebook): workers are started with ``spawn``."""
+    whatever the caller runs on.  ``"nccl"`` puts rank r on GPU r and needs ``world_size`` GPUs.  ``fn``
+    must be defined at the top level of an importable module: each worker is a fresh Python
+    (``python -m kernels.distributed``) that imports it, as ``torchrun`` would.  A worker that fails stops
+    the others, and its error is raised here with the end of its output."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if backend not in BACKENDS:
@@ -78,25 +95,60 @@ def launch(fn, world_size: int = 2, args: tuple = (), backend: str = "gloo") -> 
             f"backend='nccl' runs one rank per GPU: world_size={world_size} needs {world_size} GPUs, "
             f"this machine has {torch.cuda.device_count()}; use backend='gloo' (CPU processes)"
         )
-    if getattr(fn, "__module__", "__main__") in ("__main__", "__mp_main__") or "<locals>" in fn.__qualname__:
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn))
+    if module in (None, "__main__", "__mp_main__") or "<locals>" in name:
         raise ValueError(
-            f"fn must be a function defined at the top level of an importable module (workers import it); "
-            f"{fn.__qualname__!r} is defined in {fn.__module__!r}"
+            f"fn must be a function defined at the top level of an importable module (each worker imports "
+            f"it); {name!r} is defined in {module!r}"
         )
-    saved = os.environ.get("KERNELS_INTERPRET")
-    os.environ["KERNELS_INTERPRET"] = "1" if backend == "gloo" else "0"
-    try:
-        with tempfile.TemporaryDirectory() as out:
-            init = f"tcp://127.0.0.1:{_free_port()}"
-            torch.multiprocessing.start_processes(
-                _entry, args=(fn, world_size, args, backend, init, out), nprocs=world_size, start_method="spawn"
+    env = {**os.environ, "KERNELS_INTERPRET": "1" if backend == "gloo" else "0"}
+    # The caller's import path, so that the workers find what it finds (a test module, a lab's folder).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
+    with tempfile.TemporaryDirectory() as out:
+        job = os.path.join(out, "job.pt")
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        spec = {"module": module, "name": name, "args": tuple(args), "backend": backend, "init": init}
+        torch.save({**spec, "world_size": world_size}, job)
+        logs = [open(os.path.join(out, f"{r}.log"), "wb") for r in range(world_size)]  # noqa: SIM115
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "kernels.distributed", job, str(r)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
-            return [torch.load(os.path.join(out, f"{r}.pt"), weights_only=False) for r in range(world_size)]
+            for r, log in enumerate(logs)
+        ]
+        failed = _wait(procs, timeout_s)
+        for log in logs:
+            log.close()
+        if failed is not None:
+            rank, code = failed
+            tail = open(os.path.join(out, f"{rank}.log"), errors="replace").read()[-3000:]
+            raise RuntimeError(f"rank {rank} of {world_size} exited with {code} running {name}:\n{tail}")
+        return [torch.load(os.path.join(out, f"{r}.pt"), weights_only=False) for r in range(world_size)]
+
+
+def _wait(procs, timeout_s) -> tuple | None:
+    """Wait for every process; on the first failure (or past ``timeout_s``) stop the rest.  Returns
+    ``(rank, exit code)`` of the failure, or None."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                return bad[0]
+            if all(c == 0 for c in codes):
+                return None
+            if time.monotonic() > deadline:
+                return next(r for r, c in enumerate(codes) if c is None), f"a timeout ({timeout_s} s)"
+            time.sleep(0.05)
     finally:
-        if saved is None:
-            os.environ.pop("KERNELS_INTERPRET", None)
-        else:
-            os.environ["KERNELS_INTERPRET"] = saved
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
 
 
 def device() -> torch.device:
@@ -641,4 +693,61 @@ def amax_experiment(rank, world_size, steps, agreements=(True, False)):
             if isinstance(m, FP8Linear)
         }
         out[agree] = {"histories": histories, "losses": [_mean_over_ranks(x) for x in losses]}
+    return out
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], int(sys.argv[2]))
+
+
+def step_time_experiment(rank, world_size, steps, gathers=("bf16", "fp8"), dim=4096, depth=4, batch=4096):
+    """Time a training step of a wide :class:`~kernels.fp8_linear.MarkovLM` (``depth`` FP8 blocks of
+    width ``dim``, ``batch`` windows a rank) under FSDP2, once per way of gathering its FP8Linear weights
+    (:data:`GATHERS`), and on one device (``"one device"`` in ``gathers``: FSDP2 on a group of rank 0
+    alone, while the others wait).  Returns ``{gather: {"ms": median step time, "bytes": all-gathered bytes a
+    step}}``.  Meant for NCCL with one GPU per rank (:func:`launch` with ``backend="nccl"``); on gloo it
+    runs too, slowly."""
+    from kernels.fp8_linear import MarkovLM, markov_batch, markov_source
+
+    dev = device()
+    probs, _ = markov_source(SETUP["vocab"], seed=SETUP["seed"])
+    gen = torch.Generator().manual_seed(rank)
+    idx, target = (t.to(dev) for t in markov_batch(probs, batch, SETUP["context"], gen))
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    out = {}
+    for gather in gathers:
+        torch.manual_seed(SETUP["seed"])
+        from kernels.fp8_linear import FP8Recipe
+
+        model = MarkovLM(SETUP["vocab"], SETUP["context"], dim, depth, FP8Recipe(), device=dev, dtype=torch.float32)
+        if gather == "one device":  # the same FSDP2 code on a group of one rank: nothing to communicate
+            from torch.distributed.device_mesh import DeviceMesh
+
+            alone = dist.new_group([0])  # every rank must take part in making the group
+            model = shard(model, mesh=DeviceMesh.from_group(alone, dev.type)) if rank == 0 else None
+        else:
+            if gather != "bf16":
+                fp8_all_gather(model, agree=gather == "fp8")
+            shard(model)
+        times, moved = [], 0
+        if model is not None:
+            opt = torch.optim.AdamW(model.parameters(), lr=SETUP["lr"], weight_decay=0.0)
+            for step in range(steps + 3):  # three warm-up steps
+                with count_collectives() as counts:
+                    sync()
+                    t0 = time.perf_counter()
+                    loss = _loss(model, idx, target)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    sync()
+                if step >= 3:
+                    times.append(1e3 * (time.perf_counter() - t0))
+                    moved = counts.get("all-gather", {}).get("bytes", 0)
+        dist.barrier()
+        out[gather] = {"ms": sorted(times)[len(times) // 2] if times else None, "bytes": moved}
     return out

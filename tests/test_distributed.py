@@ -148,3 +148,12 @@ def test_agree_is_the_identity_without_a_group():
     state = Q.DelayedScaling(4, device="cpu")
     amax = torch.tensor(3.0)
     assert state.group is None and state.agree(amax) is amax
+
+
+def test_the_step_timer_runs_each_gather_and_the_one_device_baseline():
+    # Timed on two GPUs with NCCL; here a tiny model on gloo, for the code path (the times mean nothing).
+    ranks = D.launch(D.step_time_experiment, 2, (1, ("bf16", "fp8", "one device"), 32, 1, 16))
+    r0, r1 = ranks
+    assert all(r0[g]["ms"] > 0 for g in r0) and r1["one device"]["ms"] is None
+    assert r0["one device"]["bytes"] == 0
+    assert r0["bf16"]["bytes"] - r0["fp8"]["bytes"] == 2 * (32 * 128 * 2)  # two FP8 weights, gathered twice
