@@ -157,3 +157,21 @@ def test_the_step_timer_runs_each_gather_and_the_one_device_baseline():
     assert all(r0[g]["ms"] > 0 for g in r0) and r1["one device"]["ms"] is None
     assert r0["one device"]["bytes"] == 0
     assert r0["bf16"]["bytes"] - r0["fp8"]["bytes"] == 2 * (32 * 128 * 2)  # two FP8 weights, gathered twice
+
+
+TWO_GPUS = pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason=f"needs two GPUs (NCCL, one rank a GPU); this machine has {torch.cuda.device_count()}",
+)
+
+
+@TWO_GPUS
+def test_on_two_gpus_fp8_all_gather_changes_no_bit_and_the_step_is_timed():
+    ranks = D.launch(D.fp8_gather_experiment, 2, (2, ("bf16", "fp8")), backend="nccl")
+    for r in ranks:
+        assert r["bf16"]["losses"] == r["fp8"]["losses"]
+        assert all(torch.equal(x, y) for x, y in zip(r["bf16"]["grads"], r["fp8"]["grads"], strict=True))
+    gathered = {g: ranks[0][g]["collectives"]["all-gather"]["bytes"] for g in ("bf16", "fp8")}
+    assert gathered["bf16"] - gathered["fp8"] == 2 * 2 * 2 * 64 * 256
+    times = D.launch(D.step_time_experiment, 2, (2, ("bf16", "fp8", "one device"), 256, 1, 256), backend="nccl")
+    assert all(times[0][g]["ms"] > 0 for g in ("bf16", "fp8", "one device"))
