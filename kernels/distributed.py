@@ -1,6 +1,6 @@
 """Mixed precision and FP8 beyond one device: FSDP2 (``torch.distributed.fsdp.fully_shard``) on N ranks.
 
-Chapter 5, section "Beyond one GPU".  Entry points: :func:`launch` (run a function on N processes),
+Chapter 5 (section 6, beyond one GPU); no lab.  Entry points: :func:`launch` (run a function on N processes),
 :func:`shard` (a model under FSDP2 with a mixed-precision policy), :func:`fp8_all_gather` (FSDP2 gathers
 FP8Linear weights as FP8 codes), :func:`agree_amax` (delayed scaling's histories kept equal on every rank),
 :func:`count_collectives` (bytes moved by each collective), :func:`state_bytes` (what each rank holds), and
