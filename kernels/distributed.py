@@ -152,8 +152,8 @@ def _wait(procs, timeout_s) -> tuple | None:
 
 
 def device() -> torch.device:
-    """This rank's device: its GPU under NCCL, the CPU under gloo."""
-    if dist.get_backend() == "nccl":
+    """This rank's device: its GPU under NCCL, the CPU under gloo (and outside a process group)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
