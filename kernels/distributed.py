@@ -77,6 +77,12 @@ def _worker(job: str, rank: int) -> None:
         dist.destroy_process_group()
 
 
+def can_launch() -> bool:
+    """Whether :func:`launch` may start processes here: not inside the batch grader's sandbox, which
+    refuses every new process (a lab's demonstration checks this and skips itself)."""
+    return os.environ.get("KERNELS_GRADING") != "1"
+
+
 def launch(fn, world_size: int = 2, args: tuple = (), backend: str = "gloo", timeout_s: float = 900) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes joined in one process group, and
     return what each returned (a list by rank; arguments and results travel through ``torch.save``).
@@ -86,6 +92,8 @@ def launch(fn, world_size: int = 2, args: tuple = (), backend: str = "gloo", tim
     must be defined at the top level of an importable module: each worker is a fresh Python
     (``python -m kernels.distributed``) that imports it, as ``torchrun`` would.  A worker that fails stops
     the others, and its error is raised here with the end of its output."""
+    if not can_launch():
+        raise RuntimeError("launch starts processes, which the grader's sandbox refuses: check can_launch() first")
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if backend not in BACKENDS:
@@ -436,6 +444,8 @@ __all__ = [
     "FP8GatheredWeight",
     "FP8ShardedWeight",
     "agree_amax",
+    "can_launch",
+    "chapter_model",
     "count_collectives",
     "device",
     "fp8_all_gather",
@@ -443,6 +453,7 @@ __all__ = [
     "launch",
     "shard",
     "state_bytes",
+    "with_outlier",
 ]
 
 
@@ -451,7 +462,7 @@ __all__ = [
 SETUP = {"vocab": 64, "context": 8, "dim": 64, "depth": 2, "batch": 32, "lr": 3e-3, "seed": 0}
 
 
-def _model(fp8_recipe=None, seed=SETUP["seed"]):
+def chapter_model(fp8_recipe=None, seed=SETUP["seed"]):
     """The chapter's model, :class:`~kernels.fp8_linear.MarkovLM`, with fp32 parameters (FSDP2's master
     copy) on this rank's device; its block GEMMs in FP8 with ``fp8_recipe``."""
     from kernels.fp8_linear import MarkovLM
@@ -502,11 +513,11 @@ def reduction_experiment(rank, world_size):
     this rank computes (bf16, before any reduction), and the reduced gradients FSDP2 hands back with
     ``reduce_dtype`` fp32 and bf16 (whole tensors, fp32).  :func:`reduction_errors` compares them."""
     idx, target = _local(_batches(1, world_size)[0], rank)
-    plain = _compute_copy(_model())
+    plain = _compute_copy(chapter_model())
     _loss(plain, idx, target).backward()
     out = {"local": [p.grad.detach().float().cpu() for p in plain.parameters()]}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        model = shard(_model(), reduce_dtype=dtype)
+        model = shard(chapter_model(), reduce_dtype=dtype)
         _loss(model, idx, target).backward()
         out[name] = _grads(model)
     return out
@@ -554,7 +565,7 @@ def _single_process(steps, world_size, mixed: bool) -> tuple:
     """The reference runs on one process and the whole global batch: fp32 throughout, or (``mixed``) in
     bf16 with fp32 master weights and AdamW state (what FSDP2 computes on one rank).  Returns (losses,
     final fp32 parameters)."""
-    model = _model()
+    model = chapter_model()
     master = list(model.parameters())
     net = model
     if mixed:
@@ -588,7 +599,7 @@ def training_experiment(rank, world_size, steps, reductions=tuple(REDUCE_DTYPES)
     batch's), the final parameters (whole), and what this rank holds (:func:`state_bytes`)."""
     out = {}
     for name in reductions:
-        model = shard(_model(), reduce_dtype=REDUCE_DTYPES[name])
+        model = shard(chapter_model(), reduce_dtype=REDUCE_DTYPES[name])
         opt, losses = _train(model, rank, world_size, steps)
         out[name] = {
             "losses": [_mean_over_ranks(x) for x in losses],
@@ -623,7 +634,9 @@ OUTLIER = 0.5  # one weight of the first up-projection, in the rows the last ran
 GATHERS = ("bf16", "fp8", "fp8, own scales")
 
 
-def _with_outlier(model):
+def with_outlier(model):
+    """``model`` (the chapter's) with one weight of its first up-projection set to :data:`OUTLIER`, in the
+    rows that the last rank holds."""
     with torch.no_grad():
         w = model.ups[0].weight
         w[w.shape[0] - 1, 3] = OUTLIER
@@ -645,7 +658,7 @@ def fp8_gather_experiment(rank, world_size, steps, gathers=GATHERS):
     for gather in gathers:
         if gather not in GATHERS:
             raise ValueError(f"gathers must be among {list(GATHERS)}, got {gather!r}")
-        model = _with_outlier(_model(FP8Recipe()))
+        model = with_outlier(chapter_model(FP8Recipe()))
         truth = model.ups[0].weight.detach().to(torch.bfloat16).float().cpu()
         if gather != "bf16":
             fp8_all_gather(model, agree=gather == "fp8")
@@ -682,7 +695,7 @@ def amax_experiment(rank, world_size, steps, agreements=(True, False)):
 
     out = {}
     for agree in agreements:
-        model = _model(FP8Recipe(scaling="delayed"))
+        model = chapter_model(FP8Recipe(scaling="delayed"))
         if agree:
             agree_amax(model)
         shard(model)
