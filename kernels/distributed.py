@@ -421,6 +421,19 @@ def fp8_all_gather(model: torch.nn.Module, agree: bool = True) -> torch.nn.Modul
 # -- delayed scaling across ranks -----------------------------------------------------------------------
 
 
+def fp8_gather_codes(shards: list, fmt: str = "e4m3") -> tuple:
+    """What an FP8 all-gather of one weight delivers, computed in one process (Lab 5 q7's answer): the
+    ranks' shards (blocks of rows, in rank order) each quantized with the scale of their agreed amax (the
+    maximum of the shards' amaxes), the codes concatenated.  Returns ``(codes, scale)``."""
+    from kernels import fp8_ops as ops
+
+    if not shards:
+        raise ValueError("shards must name at least one rank's shard")
+    amax = torch.stack([ops.tensor_amax(t) for t in shards]).max()  # on real ranks: all_reduce(MAX)
+    s = ops.scale_from_amax(amax, fmt)
+    return torch.cat([ops.quantize_tensor_with_scale(t, s, fmt) for t in shards]), s
+
+
 def agree_amax(model: torch.nn.Module, group=None) -> torch.nn.Module:
     """Make every delayed-scaling history of ``model``'s FP8Linear layers the same on every rank: each
     new amax is all-reduced with MAX over ``group`` (default: all ranks) before it enters the history,
@@ -449,6 +462,7 @@ __all__ = [
     "count_collectives",
     "device",
     "fp8_all_gather",
+    "fp8_gather_codes",
     "full",
     "launch",
     "shard",
