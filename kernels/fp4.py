@@ -572,8 +572,8 @@ def _quantize_t_kernel(
             y = tl.dot(groups, h)
         xt = tl.reshape((y * scale).to(x.dtype), (FB, TB))
     if AMAX:
-        v = quantize._nan_if_not_finite(xt.to(tl.float32))
-        tl.store(partial_ptr + pid_f * tl.num_programs(1) + pid_t, tl.max(quantize._amax(v, 1), 0))
+        v = quantize.nan_if_not_finite(xt.to(tl.float32))
+        tl.store(partial_ptr + pid_f * tl.num_programs(1) + pid_t, tl.max(quantize.finite_amax(v, 1), 0))
     else:
         ts = 1.0
         if NV:

@@ -1,8 +1,8 @@
 """A linear layer that trains in FP4: the NVFP4 training recipe, with its GEMMs emulated exactly on bf16
 tensor cores.
 
-Chapter 6 (training in FP4).  Entry points: :class:`FP4Recipe`, :class:`FP4Linear`, :func:`fp4_linear`,
-:func:`operands`, :func:`fp4_linear_reference`.
+Chapter 6 (training in FP4) and Lab 06 (question 5, the backward's operands).  Entry points:
+:class:`FP4Recipe`, :class:`FP4Linear`, :func:`fp4_linear`, :func:`operands`, :func:`fp4_linear_reference`.
 
 The three GEMMs of ``Y = X W^T + b``, each ``C = A B^T`` with both operands quantized along its K:
 

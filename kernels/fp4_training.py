@@ -1,6 +1,9 @@
 """Chapter 6's FP4 training runs: the character model in bf16, in FP8 and in FP4 by the NVFP4 recipe, and
 the recipe with one ingredient removed at a time, recorded with the machine that ran them.
 
+Chapter 6 (section 10, training in FP4); no lab.  Entry points: :func:`contenders`, :func:`run`,
+:func:`record`, :func:`load`, and the command below.
+
 ``python -m kernels.fp4_training [--steps N] [--log-every N] [--jobs N] [--out PATH] [NAME ...]`` trains
 every contender of :func:`contenders` (or the named ones) for the same steps from the same seed, each in a
 process of its own (the model is small; one GPU runs several at once), then times a training step of each,
