@@ -52,6 +52,7 @@ Policies
   on each of the tile's 16 rows, so the layout and the dequantizer are the same.
 """
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -526,6 +527,134 @@ def quantize_fp4(x: torch.Tensor, fmt: str, **kw) -> FP4Tensor:
     return quantize_nvfp4(x, **kw) if fmt == "nvfp4" else quantize_mxfp4(x, **kw)
 
 
+# -- the wgrad operands: transposed, rotated and quantized in one pass ----------------------------------
+
+RHT_BLOCK = 16  # the training recipe's rotation along the tokens
+QUANT_T_TILE, QUANT_T_WARPS = 64, 4  # (tokens, features) tile of x per program, square
+
+
+@triton.jit
+def _quantize_t_kernel(
+    x_ptr,  # (T, F) input, row-major: tokens by features
+    h_ptr,  # (16, 16) Hadamard matrix of +-1 (bf16, or fp32 for fp32 input)
+    d_ptr,  # (16,) the rotation's random signs, +-1 (fp32)
+    q_ptr,  # (F, T // 2) uint8: the codes of x^T
+    s_ptr,  # (F, T // BS) uint8 block scales
+    amax_ptr,  # NVFP4: the amax of the rotated x (fp32), written by the AMAX pass, read by the next
+    ts_ptr,  # NVFP4: the tensor scale, written by program (0, 0)
+    partial_ptr,  # AMAX pass: one maximum per program
+    seed, T, F, scale,
+    BS: tl.constexpr, NV: tl.constexpr, STOCHASTIC: tl.constexpr, ROTATE: tl.constexpr, IEEE: tl.constexpr,
+    AMAX: tl.constexpr, TB: tl.constexpr, FB: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    # A (TB tokens, FB features) tile of x, read once with coalesced rows, transposed in registers into
+    # FB rows of x^T.  The rotation multiplies each row's 16-token groups by diag(d) H, as one tl.dot of
+    # (FB * TB / 16, 16) by (16, 16): the very products and fp32 sums of hadamard_rotate on x^T, so the
+    # rotated values, rounded to x's dtype, are its bits.  Then the rows are quantized along the tokens.
+    pid_f = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    f = pid_f * FB + tl.arange(0, FB)
+    t = pid_t * TB + tl.arange(0, TB)
+    offs = t.to(tl.int64)[:, None] * F + f[None, :]
+    if EVEN:
+        x = tl.load(x_ptr + offs)
+    else:
+        x = tl.load(x_ptr + offs, mask=(t[:, None] < T) & (f[None, :] < F), other=0.0)
+    xt = tl.trans(x)  # (FB, TB)
+    if ROTATE:
+        hb = tl.arange(0, 16)
+        d = tl.load(d_ptr + hb).to(x.dtype)
+        h = tl.load(h_ptr + hb[:, None] * 16 + hb[None, :]).to(x.dtype)
+        groups = tl.reshape(xt, (FB * TB // 16, 16)) * d[None, :]  # sign flips: exact
+        if IEEE:
+            y = tl.dot(groups, h, input_precision="ieee")
+        else:
+            y = tl.dot(groups, h)
+        xt = tl.reshape((y * scale).to(x.dtype), (FB, TB))
+    if AMAX:
+        v = quantize.nan_if_not_finite(xt.to(tl.float32))
+        tl.store(partial_ptr + pid_f * tl.num_programs(1) + pid_t, tl.max(quantize.finite_amax(v, 1), 0))
+    else:
+        ts = 1.0
+        if NV:
+            ts = _tensor_scale(tl.load(amax_ptr))
+            if (pid_f == 0) & (pid_t == 0):
+                tl.store(ts_ptr, ts)
+        G: tl.constexpr = TB // BS
+        W: tl.constexpr = BS // 2
+        raw = tl.reshape(xt, (FB, G, W, 2))
+        blocks = pid_t * G + tl.arange(0, G)
+        pcols = blocks[None, :, None] * W + tl.arange(0, W)[None, None, :]  # (1, G, W): pair index in the row
+        poffs = f.to(tl.int64)[:, None, None] * (T // 2) + pcols  # (FB, G, W)
+        mask = (f[:, None, None] < F) & (pcols < T // 2)
+        _quantize_tile(
+            raw, q_ptr, s_ptr, f, blocks, poffs, mask, ts, seed, F, T,
+            BS, NV, False, STOCHASTIC, FB, G, False, EVEN,
+        )  # fmt: skip
+
+
+def quantize_fp4_t(
+    x: torch.Tensor, fmt: str, signs: torch.Tensor | None = None, stochastic_rounding: bool = False, seed: int = 0
+) -> FP4Tensor:
+    """``x^T`` quantized to FP4 along its last axis, from the 2-D ``x`` (tokens, features) in one kernel:
+    with ``signs`` (16 of +-1), each row of ``x^T`` is first rotated by the Random Hadamard Transform
+    ``diag(signs) H / 4`` in blocks of 16.  Bit for bit
+    ``quantize_fp4(hadamard_rotate(x.t().contiguous(), 16, signs), fmt, ...)``, which writes and reads the
+    transposed copy and the rotated copy in between: the training recipe's wgrad operands ``dY^T`` and
+    ``X^T``.  NVFP4's tensor scale comes from the amax of the rotated values: a first pass rotates to
+    find it (reading ``x`` twice, as :func:`quantize_nvfp4` does)."""
+    bs = _check_fmt(fmt)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D (tokens, features) tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    check_device(x, "x")
+    tokens, features = x.shape
+    need = max(bs, RHT_BLOCK if signs is not None else 1)
+    if tokens % need:
+        raise ValueError(f"x's tokens (its first dimension, {tokens}) must be a multiple of {need}: x^T is "
+                         "quantized along them")  # fmt: skip
+    seed = _check_seed(stochastic_rounding, seed)
+    if signs is not None:
+        if not isinstance(signs, torch.Tensor) or signs.shape != (RHT_BLOCK,):
+            raise ValueError(f"signs must be a ({RHT_BLOCK},) tensor of +-1, got {getattr(signs, 'shape', signs)}")
+        if not bool(((signs == 1) | (signs == -1)).all()):
+            raise ValueError("signs must hold only +1 and -1 (a rotation must stay orthogonal)")
+    x = x.contiguous()
+    q = torch.empty((features, tokens // 2), dtype=torch.uint8, device=x.device)
+    s = torch.empty((features, tokens // bs), dtype=torch.uint8, device=x.device)
+    nv = fmt == "nvfp4"
+    ts = torch.empty((), dtype=torch.float32, device=x.device) if nv else None
+    amax = torch.zeros(3, dtype=torch.float32, device=x.device)  # amax, and what the fold also writes
+    if x.numel():
+        from kernels.hadamard import hadamard_matrix
+
+        h = hadamard_matrix(RHT_BLOCK, dtype=torch.float32 if x.dtype == torch.float32 else torch.bfloat16,
+                            device=x.device, normalized=False)  # fmt: skip
+        d = (signs if signs is not None else torch.ones(RHT_BLOCK)).float().to(x.device)
+        tb = fb = QUANT_T_TILE
+        grid = (triton.cdiv(features, fb), triton.cdiv(tokens, tb))
+        even = features % fb == 0 and tokens % tb == 0
+        partial = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=x.device)
+
+        def launch(amax_pass):
+            _quantize_t_kernel[grid](
+                x, h, d, q, s, amax, ts if nv else amax, partial, seed, tokens, features, 1.0 / math.sqrt(RHT_BLOCK),
+                BS=bs, NV=nv, STOCHASTIC=stochastic_rounding, ROTATE=signs is not None,
+                IEEE=x.dtype == torch.float32, AMAX=amax_pass, TB=tb, FB=fb, EVEN=even, num_warps=QUANT_T_WARPS,
+            )  # fmt: skip
+
+        if nv:
+            launch(True)
+            quantize.fold_amax(partial, amax)
+        launch(False)
+    elif nv:
+        ts = tensor_scale_reference(torch.zeros((), device=x.device))
+    if nv:
+        s = s.view(torch.float8_e4m3fn)
+    return FP4Tensor(q, s, ts, fmt)
+
+
 def quantize_fp4_reference(
     x: torch.Tensor,
     fmt: str,
@@ -665,6 +794,16 @@ def dequantize_fp4(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
     return y.reshape(t.shape)
 
 
+def block_values(t: FP4Tensor) -> torch.Tensor:
+    """``q * block_scale`` for every element, in bf16, without the NVFP4 tensor scale: exact (a code has
+    at most 2 significant bits, an E4M3 scale 4 and an E8M0 scale 1; bf16 holds 8, with fp32's exponent
+    range), so a bf16 GEMM of two such operands with an fp32 accumulator sums the exact products of an FP4
+    GEMM, and the tensor scales can multiply its fp32 result."""
+    if check_fp4(t) and t.fmt == "nvfp4":
+        t = t._replace(tensor_scale=torch.ones((), dtype=torch.float32, device=t.q.device))
+    return dequantize_fp4(t, torch.bfloat16)
+
+
 def dequantize_fp4_reference(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
     """Plain-torch :func:`dequantize_fp4`."""
     bs = check_fp4(t)
@@ -704,9 +843,11 @@ __all__ = [
     "E4M3_MAX",
     "FORMATS",
     "MXFP4_BLOCK",
+    "RHT_BLOCK",
     "NVFP4_BLOCK",
     "FP4Tensor",
     "bits_per_element",
+    "block_values",
     "check_fp4",
     "dequantize_fp4",
     "dequantize_fp4_reference",
@@ -720,6 +861,7 @@ __all__ = [
     "fake_quantize",
     "pack",
     "quantize_fp4",
+    "quantize_fp4_t",
     "quantize_fp4_reference",
     "quantize_mxfp4",
     "quantize_nvfp4",

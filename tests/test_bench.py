@@ -130,6 +130,7 @@ BASELINES = {
     "fp4_quantize": {"device copy"},
     "fp4_quantize_given_scale": {"device copy"},
     "fp4_quantize_mxfp4": {"device copy"},
+    "fp4_quantize_t": {"device copy", "transpose, rotate, quantize"},
 }
 
 

@@ -140,6 +140,35 @@ def _bench_quantize_mxfp4():
     return _quant_records("fp4_quantize_mxfp4", "mxfp4", reads=1)
 
 
+@benchmark("fp4_quantize_t")
+def _bench_quantize_t():
+    """The training recipe's wgrad operand dY^T: transposed, rotated (RHT, blocks of 16) and quantized to
+    NVFP4 with stochastic rounding by one kernel that reads dY twice (the amax pass, then the quantize
+    pass); against a device copy of its bytes and the three passes it replaces."""
+    from kernels import fp4, hadamard
+
+    t, f = QUANT_SHAPE  # tokens x features
+    x = torch.randn(t, f, device="cuda", dtype=torch.bfloat16)
+    x[torch.randint(0, t, (64,)), torch.randint(0, f, (64,))] = 300.0  # outlier tokens
+    signs = hadamard.random_signs(fp4.RHT_BLOCK, 0, "cuda")
+    kw = {"stochastic_rounding": True, "seed": 1}
+
+    def fused():
+        return fp4.quantize_fp4_t(x, "nvfp4", signs, **kw)
+
+    def unfused():
+        return fp4.quantize_fp4(hadamard.hadamard_rotate(x.t().contiguous(), fp4.RHT_BLOCK, signs), "nvfp4", **kw)
+
+    got, want = fused(), unfused()
+    for g, w, what in ((got.q, want.q, "codes"), (got.s.view(torch.uint8), want.s.view(torch.uint8), "scales")):
+        if not torch.equal(g, w):
+            raise AssertionError(f"fp4_quantize_t: the fused kernel's {what} differ from the three passes'")
+    nbytes = 2 * x.numel() * x.element_size() + got.q.numel() + got.s.numel() + 4
+    del got, want
+    baselines = {"device copy": copy_baseline(nbytes), "transpose, rotate, quantize": unfused}
+    return measure("fp4_quantize_t", f"{t}x{f}", "GB/s", nbytes, fused, baselines)
+
+
 __all__ = [
     "GEMM_ROWS",
     "GEMM_SHAPES",
