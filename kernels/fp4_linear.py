@@ -368,12 +368,16 @@ GOOD_GAP, BAD_GAP = 0.01, 0.03
 
 
 def diverged_at(losses, steps, limit: float) -> int | None:
-    """The first logged step whose loss is not finite or exceeds ``limit`` (e.g. the loss of a uniform
-    guess, ln(vocabulary)), or None."""
+    """The first logged step whose loss is not finite, or exceeds ``limit`` (e.g. the loss of a uniform
+    guess, ln(vocabulary)) after an earlier loss was below it; None if there is none.  A model's first
+    losses may start a little above a uniform guess (its random initialization is no better); a run whose
+    loss never falls below ``limit`` never trained, and diverged at its first step."""
+    trained = False
     for step, loss in zip(steps, losses, strict=True):
-        if not math.isfinite(loss) or loss > limit:
+        if not math.isfinite(loss) or (trained and loss > limit):
             return step
-    return None
+        trained = trained or loss <= limit
+    return None if trained or not steps else steps[0]
 
 
 def verdicts(runs: dict, base: str, limit: float, tail: int = 5) -> list:

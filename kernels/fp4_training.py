@@ -10,7 +10,10 @@ process of its own (the model is small; one GPU runs several at once), then time
 one after the other in one process (a ratio to bf16 measured in the same run), and writes the record
 (:func:`record`) to ``benchmarks/training/<gpu>-fp4.json``.  Chapter 6 reads it with :func:`load` and
 judges each run with :func:`kernels.fp4_linear.verdicts`.  A run killed before its end leaves its losses so
-far in ``<out>.parts/``; ``--merge`` writes the record from them.
+far in ``<out>.parts/``; ``--merge`` writes the record from them.  The two halves can run apart, so that
+the timing has the GPU to itself while something else shares it with the runs: ``--time-only`` times the
+steps and keeps them in ``<out>.parts/``, ``--no-time`` runs the contenders and writes the record with the
+times kept there.
 """
 
 import argparse
@@ -120,8 +123,13 @@ def record(runs: dict, ms: dict, steps: int, log_every: int) -> dict:
 
 
 def load(path=None) -> dict:
-    """A record written by this module (default: the H100's, which chapter 6 reads)."""
-    path = Path(path) if path else RESULTS / "nvidia-h100-80gb-hbm3-fp4.json"
+    """A record written by this module (default: the one under :data:`RESULTS`, which chapter 6 reads)."""
+    if path is None:
+        found = sorted(RESULTS.glob("*-fp4.json"))
+        if len(found) > 1:
+            raise ValueError(f"several training records under {RESULTS}: {[f.name for f in found]}; pass path=")
+        path = found[0] if found else RESULTS / "<gpu>-fp4.json"
+    path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no training record at {path}; run python -m kernels.fp4_training on a GPU")
     return json.loads(path.read_text())
@@ -141,29 +149,45 @@ def main(argv=None) -> int:
     p.add_argument("--time-steps", type=int, default=100, help="steps timed per contender")
     p.add_argument("--out", type=Path, default=None, help="the record (default benchmarks/training/<gpu>-fp4.json)")
     p.add_argument("--merge", action="store_true", help="write the record from the parts a killed run left")
+    p.add_argument("--time-only", action="store_true", help="time the steps, keep them in the parts, train nothing")
+    p.add_argument("--no-time", action="store_true", help="train, and take the step times a --time-only run kept")
     a = p.parse_args(argv)
     if a.steps < 1 or a.log_every < 1 or a.jobs < 1 or a.time_steps < 1:
         p.error("--steps, --log-every, --jobs and --time-steps must be positive")
+    if a.merge + a.time_only + a.no_time > 1:
+        p.error("--merge, --time-only and --no-time exclude one another")
     names = _names(a.names)
     if not torch.cuda.is_available():
         p.error("the training runs need a CUDA GPU (in CPU mode, call kernels.fp4_linear.train with a few steps)")
     from kernels.bench.command import gpu_slug
 
     out = a.out or RESULTS / f"{gpu_slug(torch.cuda.get_device_name())}-fp4.json"
-    if a.merge:
-        runs = {n: json.loads(_part(out, n).read_text()) for n in names if _part(out, n).exists()}
-        _write(out, record(runs, {}, a.steps, a.log_every))
-        print(f"merged {len(runs)} runs into {out}")
+    times = out.with_suffix(".parts") / "_step_ms.json"
+    if a.time_only:
+        ms = {}
+        for n in names:
+            ms[n] = step_ms(n, a.time_steps)
+            print(f"{n:>20}: {ms[n]:.2f} ms/step", flush=True)
+        _write(times, ms)
+        print(f"kept the step times in {times}")
         return 0
-    jobs = [(n, a.steps, a.log_every, str(_part(out, n))) for n in names]
-    started = time.perf_counter()
-    with multiprocessing.get_context("spawn").Pool(min(a.jobs, len(jobs))) as pool:
-        runs = dict(pool.map(_worker, jobs, chunksize=1))
-    print(f"{len(runs)} runs of {a.steps} steps in {time.perf_counter() - started:.0f} s", flush=True)
-    ms = {}
+    if not a.merge:
+        jobs = [(n, a.steps, a.log_every, str(_part(out, n))) for n in names]
+        started = time.perf_counter()
+        with multiprocessing.get_context("spawn").Pool(min(a.jobs, len(jobs))) as pool:
+            runs = dict(pool.map(_worker, jobs, chunksize=1))
+        print(f"{len(runs)} runs of {a.steps} steps in {time.perf_counter() - started:.0f} s", flush=True)
+    else:
+        runs = {n: json.loads(_part(out, n).read_text()) for n in names if _part(out, n).exists()}
+        print(f"merged {len(runs)} runs")
+    if a.merge or a.no_time:
+        ms = json.loads(times.read_text()) if times.exists() else {}
+    else:
+        ms = {n: step_ms(n, a.time_steps) for n in names}
     for n in names:
-        ms[n] = step_ms(n, a.time_steps)
-        print(f"{n:>20}: {ms[n]:.2f} ms/step, final loss {runs[n]['loss'][-1]:.4f}", flush=True)
+        timed = f"{ms[n]:.2f} ms/step" if n in ms else "not timed"
+        final = f"final loss {runs[n]['loss'][-1]:.4f}" if n in runs else "no run"
+        print(f"{n:>20}: {timed}, {final}", flush=True)
     _write(out, record(runs, ms, a.steps, a.log_every))
     print(f"wrote {out}")
     return 0

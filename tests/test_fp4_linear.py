@@ -237,6 +237,8 @@ def test_the_verdicts_apply_the_one_and_three_percent_rule():
         "bad": run(4.0, 2.0, 2.20),
         "spike": run(4.0, 9.0, 2.0),
         "nan": run(4.0, float("nan"), float("nan")),
+        "starts above": run(5.5, 2.0, 2.0),  # an untrained model may begin worse than a uniform guess
+        "never trains": run(5.5, 5.6, 5.7),
     }
     rows = {name: (verdict, at) for name, _, _, verdict, at in F.verdicts(runs, "bf16", limit=5.0, tail=1)}
     assert rows == {
@@ -246,6 +248,8 @@ def test_the_verdicts_apply_the_one_and_three_percent_rule():
         "bad": ("over 3%", None),
         "spike": ("diverged", 10),
         "nan": ("diverged", 10),
+        "starts above": ("within 1%", None),
+        "never trains": ("diverged", 0),
     }
     with pytest.raises(ValueError, match="base"):
         F.verdicts(runs, "fp32", limit=5.0)

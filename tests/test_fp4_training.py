@@ -63,3 +63,54 @@ def test_the_command_refuses_to_run_without_a_gpu(capsys, monkeypatch):
 
 def test_the_limit_is_a_uniform_guess():
     assert fp4_training.limit(100) == pytest.approx(4.60517, abs=1e-5)
+
+
+def _as_if_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fp4_training, "step_ms", lambda name, steps=100: {"bf16": 10.0, "nvfp4": 25.0}[name])
+    from kernels.bench import command
+
+    monkeypatch.setattr(command, "environment", lambda: {"device": "a GPU"})
+
+
+def test_the_timing_and_the_runs_can_be_done_apart(tmp_path, monkeypatch, capsys):
+    _as_if_on_a_gpu(monkeypatch)
+    out = tmp_path / "gpu-fp4.json"
+    assert fp4_training.main(["--time-only", "--out", str(out), "bf16", "nvfp4"]) == 0
+    assert not out.exists(), "timing alone writes no record"
+    # the runs, as a --no-time run (or a killed one) leaves them in the parts
+    for name in ("bf16", "nvfp4"):
+        fp4_training._write(fp4_training._part(out, name), {"steps": [0], "loss": [4.5], "complete": True})
+    assert fp4_training.main(["--merge", "--steps", "1", "--out", str(out), "bf16", "nvfp4"]) == 0
+    rec = fp4_training.load(out)
+    assert rec["step_ms"] == {"bf16": 10.0, "nvfp4": 25.0} and rec["device"] == "a GPU"
+    assert set(rec["runs"]) == {"bf16", "nvfp4"} and rec["settings"]["steps"] == 1
+    assert "25.00 ms/step, final loss 4.5000" in capsys.readouterr().out
+
+
+def test_a_merge_without_times_says_so(tmp_path, monkeypatch, capsys):
+    _as_if_on_a_gpu(monkeypatch)
+    out = tmp_path / "gpu-fp4.json"
+    fp4_training._write(fp4_training._part(out, "bf16"), {"steps": [0], "loss": [4.5], "complete": False})
+    assert fp4_training.main(["--merge", "--out", str(out), "bf16", "nvfp4"]) == 0
+    printed = capsys.readouterr().out
+    assert "bf16: not timed, final loss 4.5000" in printed and "nvfp4: not timed, no run" in printed
+    assert fp4_training.load(out)["step_ms"] == {}
+
+
+def test_the_halves_exclude_one_another(capsys, monkeypatch):
+    _as_if_on_a_gpu(monkeypatch)
+    with pytest.raises(SystemExit):
+        fp4_training.main(["--time-only", "--no-time"])
+    assert "exclude one another" in capsys.readouterr().err
+
+
+def test_load_finds_the_one_record_and_refuses_to_guess_between_several(tmp_path, monkeypatch):
+    monkeypatch.setattr(fp4_training, "RESULTS", tmp_path)
+    with pytest.raises(FileNotFoundError, match="no training record"):
+        fp4_training.load()
+    (tmp_path / "h100-fp4.json").write_text('{"device": "H100"}')
+    assert fp4_training.load() == {"device": "H100"}
+    (tmp_path / "h200-fp4.json").write_text('{"device": "H200"}')
+    with pytest.raises(ValueError, match="several training records"):
+        fp4_training.load()
