@@ -530,7 +530,7 @@ def quantize_fp4(x: torch.Tensor, fmt: str, **kw) -> FP4Tensor:
 # -- the wgrad operands: transposed, rotated and quantized in one pass ----------------------------------
 
 RHT_BLOCK = 16  # the training recipe's rotation along the tokens
-QUANT_T_TILE, QUANT_T_WARPS = 64, 4  # (tokens, features) tile of x per program, square
+QUANT_T_TILE, QUANT_T_WARPS = (64, 64), 4  # the (tokens, features) tile of x a program reads
 
 
 @triton.jit
@@ -547,10 +547,12 @@ def _quantize_t_kernel(
     BS: tl.constexpr, NV: tl.constexpr, STOCHASTIC: tl.constexpr, ROTATE: tl.constexpr, IEEE: tl.constexpr,
     AMAX: tl.constexpr, TB: tl.constexpr, FB: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
-    # A (TB tokens, FB features) tile of x, read once with coalesced rows, transposed in registers into
-    # FB rows of x^T.  The rotation multiplies each row's 16-token groups by diag(d) H, as one tl.dot of
-    # (FB * TB / 16, 16) by (16, 16): the very products and fp32 sums of hadamard_rotate on x^T, so the
-    # rotated values, rounded to x's dtype, are its bits.  Then the rows are quantized along the tokens.
+    # A (TB tokens, FB features) tile of x, read once with coalesced rows.  The rotation mixes each group
+    # of 16 tokens of a feature: as one tl.dot of the tile by a (TB, TB) block-diagonal matrix whose blocks
+    # are diag(d) H (transposed), built here from the 16x16 H and the 16 signs.  Each rotated value is the
+    # sum of the same 16 exact products as in hadamard_rotate on x^T, in the same order along K, and the
+    # other blocks add exact zeros, so the rotated values, rounded to x's dtype, are its bits.  Then the
+    # tile is transposed in registers into FB rows of x^T and quantized along the tokens.
     pid_f = tl.program_id(0)
     pid_t = tl.program_id(1)
     f = pid_f * FB + tl.arange(0, FB)
@@ -560,19 +562,27 @@ def _quantize_t_kernel(
         x = tl.load(x_ptr + offs)
     else:
         x = tl.load(x_ptr + offs, mask=(t[:, None] < T) & (f[None, :] < F), other=0.0)
-    xt = tl.trans(x)  # (FB, TB)
     if ROTATE:
-        hb = tl.arange(0, 16)
-        d = tl.load(d_ptr + hb).to(x.dtype)
-        h = tl.load(h_ptr + hb[:, None] * 16 + hb[None, :]).to(x.dtype)
-        groups = tl.reshape(xt, (FB * TB // 16, 16)) * d[None, :]  # sign flips: exact
+        r = tl.arange(0, TB)  # a rotated token (row of the matrix) and a token it mixes (column)
+        i, j = r[None, :] % 16, r[:, None] % 16
+        same = (r[:, None] // 16) == (r[None, :] // 16)
+        rot = tl.load(h_ptr + i * 16 + j) * tl.load(d_ptr + i)  # H[i, j] d[i]: +-1, exact
+        rot = tl.where(same, rot, 0.0).to(x.dtype)
+        # A zero of the matrix times an inf or NaN of another group would be NaN: those are multiplied as 0,
+        # and every rotated value of a group that holds one is made NaN afterwards (in hadamard_rotate
+        # it is inf or NaN, which the quantizer treats alike).
+        bad = (x.to(tl.float32) * 0.0) != 0.0  # inf and NaN
+        xs = tl.where(bad, 0.0, x)
         if IEEE:
-            y = tl.dot(groups, h, input_precision="ieee")
+            y = tl.dot(rot, xs, input_precision="ieee")
         else:
-            y = tl.dot(groups, h)
-        xt = tl.reshape((y * scale).to(x.dtype), (FB, TB))
-    if AMAX:
-        v = quantize.nan_if_not_finite(xt.to(tl.float32))
+            y = tl.dot(rot, xs)
+        x = (y * scale).to(x.dtype)
+        if tl.max(bad.to(tl.int32)) > 0:  # rare: count each group's non-finite values, exactly
+            n_bad = tl.dot(same.to(x.dtype), bad.to(x.dtype))
+            x = tl.where(n_bad > 0, float("nan"), x).to(x.dtype)
+    if AMAX:  # the amax of the tile, whichever way it is read
+        v = quantize.nan_if_not_finite(x.to(tl.float32))
         tl.store(partial_ptr + pid_f * tl.num_programs(1) + pid_t, tl.max(quantize.finite_amax(v, 1), 0))
     else:
         ts = 1.0
@@ -582,7 +592,7 @@ def _quantize_t_kernel(
                 tl.store(ts_ptr, ts)
         G: tl.constexpr = TB // BS
         W: tl.constexpr = BS // 2
-        raw = tl.reshape(xt, (FB, G, W, 2))
+        raw = tl.reshape(tl.trans(x), (FB, G, W, 2))  # FB rows of x^T
         blocks = pid_t * G + tl.arange(0, G)
         pcols = blocks[None, :, None] * W + tl.arange(0, W)[None, None, :]  # (1, G, W): pair index in the row
         poffs = f.to(tl.int64)[:, None, None] * (T // 2) + pcols  # (FB, G, W)
@@ -632,7 +642,7 @@ def quantize_fp4_t(
         h = hadamard_matrix(RHT_BLOCK, dtype=torch.float32 if x.dtype == torch.float32 else torch.bfloat16,
                             device=x.device, normalized=False)  # fmt: skip
         d = (signs if signs is not None else torch.ones(RHT_BLOCK)).float().to(x.device)
-        tb = fb = QUANT_T_TILE
+        tb, fb = QUANT_T_TILE
         grid = (triton.cdiv(features, fb), triton.cdiv(tokens, tb))
         even = features % fb == 0 and tokens % tb == 0
         partial = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=x.device)

@@ -113,6 +113,20 @@ def _worker(args):
     return name, run(name, steps, log_every, Path(part))
 
 
+def _common_steps(runs: dict, steps: int, log_every: int, round_to: int = 100) -> tuple:
+    """Runs a kill left at different steps, cut to the steps all of them logged (a multiple of
+    ``round_to`` steps, when there are that many), so that they compare at the same step: ``(runs,
+    steps)``.  Complete runs of ``steps`` steps are returned as they are."""
+    if not runs or all(r["complete"] and len(r["loss"]) == len(range(0, steps, log_every)) for r in runs.values()):
+        return runs, steps
+    logged = min(len(r["loss"]) for r in runs.values())
+    cut = logged * log_every
+    if cut >= round_to:
+        cut -= cut % round_to
+    n = len(range(0, cut, log_every))
+    return {k: {"steps": r["steps"][:n], "loss": r["loss"][:n], "complete": False} for k, r in runs.items()}, cut
+
+
 def record(runs: dict, ms: dict, steps: int, log_every: int) -> dict:
     """The record of a set of runs: the machine and stack (:func:`kernels.bench.command.environment`), the
     settings, each run's losses and each contender's milliseconds per step."""
@@ -179,7 +193,8 @@ def main(argv=None) -> int:
         print(f"{len(runs)} runs of {a.steps} steps in {time.perf_counter() - started:.0f} s", flush=True)
     else:
         runs = {n: json.loads(_part(out, n).read_text()) for n in names if _part(out, n).exists()}
-        print(f"merged {len(runs)} runs")
+        runs, a.steps = _common_steps(runs, a.steps, a.log_every)
+        print(f"merged {len(runs)} runs of {a.steps} steps")
     if a.merge or a.no_time:
         ms = json.loads(times.read_text()) if times.exists() else {}
     else:

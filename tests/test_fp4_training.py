@@ -114,3 +114,14 @@ def test_load_finds_the_one_record_and_refuses_to_guess_between_several(tmp_path
     (tmp_path / "h200-fp4.json").write_text('{"device": "H200"}')
     with pytest.raises(ValueError, match="several training records"):
         fp4_training.load()
+
+
+def test_runs_a_kill_left_uneven_are_cut_to_the_steps_they_all_logged():
+    def run(n, complete=False):
+        return {"steps": list(range(0, 10 * n, 10)), "loss": [1.0] * n, "complete": complete}
+
+    runs, steps = fp4_training._common_steps({"a": run(37), "b": run(25)}, 3000, 10)
+    assert steps == 200 and all(r["steps"] == list(range(0, 200, 10)) and not r["complete"] for r in runs.values())
+    whole = {"a": run(300, True), "b": run(300, True)}
+    assert fp4_training._common_steps(whole, 3000, 10) == (whole, 3000)
+    assert fp4_training._common_steps({"a": run(5), "b": run(7)}, 3000, 10)[1] == 50  # fewer than 100: as logged
