@@ -530,7 +530,7 @@ def quantize_fp4(x: torch.Tensor, fmt: str, **kw) -> FP4Tensor:
 # -- the wgrad operands: transposed, rotated and quantized in one pass ----------------------------------
 
 RHT_BLOCK = 16  # the training recipe's rotation along the tokens
-QUANT_T_TILE, QUANT_T_WARPS = (64, 64), 4  # the (tokens, features) tile of x a program reads
+QUANT_T_TILE, QUANT_T_WARPS = (32, 64), 4  # the (tokens, features) tile of x a program reads
 
 
 @triton.jit
