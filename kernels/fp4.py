@@ -341,7 +341,27 @@ def _quantize_tile(
         signs = raw  # the signs of elements 2i and 2i + 1 are bits 15 and 31
     else:
         lo, hi = tl.split(raw.to(tl.float32))
-        signs = ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (hi.to(tl.int32, bitcast=True) & -65536)
+        signs = _signs(lo, hi)
+    _quantize_halves(
+        lo, hi, signs, q_ptr, s_ptr, rows, blocks, poffs, mask, ts, seed, M, K,
+        BS, NV, BLOCK_2D, STOCHASTIC, ROWS, G, EVEN,
+    )  # fmt: skip
+
+
+@triton.jit
+def _signs(lo, hi):
+    """An int32 word with the sign of fp32 ``lo`` in bit 15 and that of ``hi`` in bit 31 (-0.0 included)."""
+    return ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (hi.to(tl.int32, bitcast=True) & -65536)
+
+
+@triton.jit
+def _quantize_halves(
+    lo, hi, signs, q_ptr, s_ptr, rows, blocks, poffs, mask, ts, seed, M, K,
+    BS: tl.constexpr, NV: tl.constexpr, BLOCK_2D: tl.constexpr, STOCHASTIC: tl.constexpr, ROWS: tl.constexpr,
+    G: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    # lo and hi: (ROWS, G, BS // 2) fp32, the elements 2i and 2i + 1 of each block (their codes share a
+    # byte), and their signs (:func:`_signs`)
     # NaN-propagating max: a block's amax is NaN or inf exactly when the block holds a non-finite value
     amax = tl.reduce(_max_nan(tl.abs(lo), tl.abs(hi)), 2, _max_nan)  # (ROWS, G)
     if BLOCK_2D:
@@ -531,6 +551,7 @@ def quantize_fp4(x: torch.Tensor, fmt: str, **kw) -> FP4Tensor:
 
 RHT_BLOCK = 16  # the training recipe's rotation along the tokens
 QUANT_T_TILE, QUANT_T_WARPS = (32, 64), 4  # the (tokens, features) tile of x a program reads
+QUANT_T_LAYOUT = "transpose"  # or "pairs": _quantize_t_kernel or _quantize_t_pairs_kernel
 
 
 @triton.jit
@@ -603,6 +624,86 @@ def _quantize_t_kernel(
         )  # fmt: skip
 
 
+@triton.jit
+def _quantize_t_pairs_kernel(
+    x_ptr, h_ptr, d_ptr, q_ptr, s_ptr, amax_ptr, ts_ptr, partial_ptr,  # as _quantize_t_kernel's
+    seed, T, F, scale,
+    BS: tl.constexpr, NV: tl.constexpr, STOCHASTIC: tl.constexpr, ROTATE: tl.constexpr, IEEE: tl.constexpr,
+    AMAX: tl.constexpr, TB: tl.constexpr, FB: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    # _quantize_t_kernel's work with no transposition: the codes of tokens 2i and 2i + 1 share a byte of
+    # x^T, so the tile is kept as its even tokens (lo) and its odd tokens (hi), (TB / 2, FB) each, read
+    # (or rotated: two tl.dots by the even and the odd rows of the block-diagonal matrix) with coalesced
+    # rows.  Each feature's blocks then lie down its column; a reshape and a permutation (which moves no
+    # data) give the (FB, G, BS / 2) halves that _quantize_halves takes.
+    pid_f = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    f = pid_f * FB + tl.arange(0, FB)
+    TP: tl.constexpr = TB // 2
+    te = pid_t * TB + 2 * tl.arange(0, TP)  # the even tokens
+    if ROTATE:
+        t = pid_t * TB + tl.arange(0, TB)
+        offs = t.to(tl.int64)[:, None] * F + f[None, :]
+        if EVEN:
+            x = tl.load(x_ptr + offs)
+        else:
+            x = tl.load(x_ptr + offs, mask=(t[:, None] < T) & (f[None, :] < F), other=0.0)
+        bad = (x.to(tl.float32) * 0.0) != 0.0  # inf and NaN (see _quantize_t_kernel)
+        xs = tl.where(bad, 0.0, x)
+        c = tl.arange(0, TB)  # a token a rotated one mixes
+        i = c[None, :] % 16
+        hd = tl.load(d_ptr + i)
+        re = 2 * tl.arange(0, TP)  # the even rows of the matrix; re + 1, the odd ones
+        same_e = (re[:, None] // 16) == (c[None, :] // 16)
+        same_o = ((re[:, None] + 1) // 16) == (c[None, :] // 16)
+        rot_e = tl.where(same_e, tl.load(h_ptr + i * 16 + re[:, None] % 16) * hd, 0.0).to(x.dtype)
+        rot_o = tl.where(same_o, tl.load(h_ptr + i * 16 + (re[:, None] + 1) % 16) * hd, 0.0).to(x.dtype)
+        if IEEE:
+            ye = tl.dot(rot_e, xs, input_precision="ieee")
+            yo = tl.dot(rot_o, xs, input_precision="ieee")
+        else:
+            ye = tl.dot(rot_e, xs)
+            yo = tl.dot(rot_o, xs)
+        lo = (ye * scale).to(x.dtype)
+        hi = (yo * scale).to(x.dtype)
+        if tl.max(bad.to(tl.int32)) > 0:
+            lo = tl.where(tl.dot(same_e.to(x.dtype), bad.to(x.dtype)) > 0, float("nan"), lo).to(x.dtype)
+            hi = tl.where(tl.dot(same_o.to(x.dtype), bad.to(x.dtype)) > 0, float("nan"), hi).to(x.dtype)
+    else:
+        offs = te.to(tl.int64)[:, None] * F + f[None, :]
+        if EVEN:
+            lo = tl.load(x_ptr + offs)
+            hi = tl.load(x_ptr + offs + F)
+        else:
+            m = (te[:, None] < T) & (f[None, :] < F)
+            lo = tl.load(x_ptr + offs, mask=m, other=0.0)
+            hi = tl.load(x_ptr + offs + F, mask=m, other=0.0)
+    lo = lo.to(tl.float32)
+    hi = hi.to(tl.float32)
+    if AMAX:
+        a = tl.maximum(quantize.finite_amax(quantize.nan_if_not_finite(lo), 1),
+                       quantize.finite_amax(quantize.nan_if_not_finite(hi), 1))  # fmt: skip
+        tl.store(partial_ptr + pid_f * tl.num_programs(1) + pid_t, tl.max(a, 0))
+    else:
+        ts = 1.0
+        if NV:
+            ts = _tensor_scale(tl.load(amax_ptr))
+            if (pid_f == 0) & (pid_t == 0):
+                tl.store(ts_ptr, ts)
+        G: tl.constexpr = TB // BS
+        W: tl.constexpr = BS // 2
+        lo = tl.permute(tl.reshape(lo, (G, W, FB)), (2, 0, 1))  # (FB, G, W)
+        hi = tl.permute(tl.reshape(hi, (G, W, FB)), (2, 0, 1))
+        blocks = pid_t * G + tl.arange(0, G)
+        pcols = blocks[None, :, None] * W + tl.arange(0, W)[None, None, :]  # (1, G, W): pair index in the row
+        poffs = f.to(tl.int64)[:, None, None] * (T // 2) + pcols  # (FB, G, W)
+        mask = (f[:, None, None] < F) & (pcols < T // 2)
+        _quantize_halves(
+            lo, hi, _signs(lo, hi), q_ptr, s_ptr, f, blocks, poffs, mask, ts, seed, F, T,
+            BS, NV, False, STOCHASTIC, FB, G, EVEN,
+        )  # fmt: skip
+
+
 def quantize_fp4_t(
     x: torch.Tensor, fmt: str, signs: torch.Tensor | None = None, stochastic_rounding: bool = False, seed: int = 0
 ) -> FP4Tensor:
@@ -647,8 +748,10 @@ def quantize_fp4_t(
         even = features % fb == 0 and tokens % tb == 0
         partial = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=x.device)
 
+        kernel = {"transpose": _quantize_t_kernel, "pairs": _quantize_t_pairs_kernel}[QUANT_T_LAYOUT]
+
         def launch(amax_pass):
-            _quantize_t_kernel[grid](
+            kernel[grid](
                 x, h, d, q, s, amax, ts if nv else amax, partial, seed, tokens, features, 1.0 / math.sqrt(RHT_BLOCK),
                 BS=bs, NV=nv, STOCHASTIC=stochastic_rounding, ROTATE=signs is not None,
                 IEEE=x.dtype == torch.float32, AMAX=amax_pass, TB=tb, FB=fb, EVEN=even, num_warps=QUANT_T_WARPS,

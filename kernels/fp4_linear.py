@@ -340,25 +340,29 @@ def sensitive_layers(model) -> tuple:
     return ("head",) + tuple(f"blocks.{i}.{name}" for name in ("qkv", "proj", "up", "down"))
 
 
+def prepare(model, recipe=None, keep_sensitive: bool = True) -> None:
+    """Swap ``model``'s linear layers, in place, for FP4 ones by ``recipe`` (an :class:`FP4Recipe`), for
+    chapter 5's FP8 layer (a :class:`kernels.fp8_linear.FP8Recipe`), or for none (None, bf16).  The
+    :func:`sensitive_layers` stay as they are unless ``keep_sensitive`` is False."""
+    from kernels import fp8_linear
+
+    if not (recipe is None or isinstance(recipe, (FP4Recipe, fp8_linear.FP8Recipe))):
+        raise TypeError(f"recipe must be an FP4Recipe, an FP8Recipe or None, got {type(recipe).__name__}")
+    keep = sensitive_layers(model) if keep_sensitive else ()
+    if isinstance(recipe, FP4Recipe):
+        swap_linears(model, recipe, keep=keep)
+    elif recipe is not None:
+        fp8_linear.swap_linears(model, recipe, skip=lambda name, m: name in keep, min_features=0)
+
+
 def train(recipe=None, keep_sensitive: bool = True, **kw) -> dict:
     """:func:`kernels.charmodel.train` of chapter 4's character model under bf16 autocast, with its linear
-    layers in FP4 by ``recipe`` (an :class:`FP4Recipe`), in FP8 by chapter 5's layer (a
-    :class:`kernels.fp8_linear.FP8Recipe`), or all in bf16 (None, the baseline).  The
-    :func:`sensitive_layers` stay in bf16 unless ``keep_sensitive`` is False (every linear layer in the
-    low precision).  ``kw`` goes to ``charmodel.train``."""
+    layers swapped by :func:`prepare` (``recipe``, ``keep_sensitive``).  ``kw`` goes to ``charmodel.train``."""
     from kernels import charmodel, fp8_linear
 
     if not (recipe is None or isinstance(recipe, (FP4Recipe, fp8_linear.FP8Recipe))):
         raise TypeError(f"recipe must be an FP4Recipe, an FP8Recipe or None, got {type(recipe).__name__}")
-
-    def prepare(model):
-        keep = sensitive_layers(model) if keep_sensitive else ()
-        if isinstance(recipe, FP4Recipe):
-            swap_linears(model, recipe, keep=keep)
-        elif recipe is not None:
-            fp8_linear.swap_linears(model, recipe, skip=lambda name, m: name in keep, min_features=0)
-
-    return charmodel.train("bf16", prepare=prepare, **kw)
+    return charmodel.train("bf16", prepare=lambda model: prepare(model, recipe, keep_sensitive), **kw)
 
 
 # The seed's rule for a low-precision run against its bf16 twin: within 1% of bf16's final loss is the
@@ -367,24 +371,50 @@ def train(recipe=None, keep_sensitive: bool = True, **kw) -> dict:
 GOOD_GAP, BAD_GAP = 0.01, 0.03
 
 
+def _above(loss: float, limit: float) -> bool:
+    return not math.isfinite(loss) or loss > limit
+
+
 def diverged_at(losses, steps, limit: float) -> int | None:
-    """The first logged step whose loss is not finite, or exceeds ``limit`` (e.g. the loss of a uniform
-    guess, ln(vocabulary)) after an earlier loss was below it; None if there is none.  A model's first
-    losses may start a little above a uniform guess (its random initialization is no better); a run whose
-    loss never falls below ``limit`` never trained, and diverged at its first step."""
-    trained = False
-    for step, loss in zip(steps, losses, strict=True):
-        if not math.isfinite(loss) or (trained and loss > limit):
-            return step
-        trained = trained or loss <= limit
-    return None if trained or not steps else steps[0]
+    """The logged step from which the loss stays above ``limit`` (e.g. the loss of a uniform guess,
+    ln(vocabulary)) or not finite to the end of the run; None if the run ends below it.  A run that
+    climbs above ``limit`` and comes back has spiked (:func:`spikes`), not diverged; a run that never
+    gets below it never trained, and diverged at its first step."""
+    losses, steps = list(losses), list(steps)
+    if len(losses) != len(steps):
+        raise ValueError(f"losses and steps must have one entry each per logged step, got {len(losses)} and {len(steps)}")
+    at = None
+    for step, loss in zip(reversed(steps), reversed(losses)):
+        if not _above(loss, limit):
+            break
+        at = step
+    return at
+
+
+def spikes(losses, steps, limit: float) -> list:
+    """The logged steps whose loss rose above ``limit`` (or was not finite) after an earlier loss had been
+    below it, and from which the run came back below it: losses that a low-precision step blew up for a
+    moment.  A model may start a little above a uniform guess; those first losses are not spikes."""
+    end = diverged_at(losses, steps, limit)
+    found, trained = [], False
+    for step, loss in zip(steps, losses):
+        if end is not None and step >= end:
+            break
+        if _above(loss, limit):
+            if trained:
+                found.append(step)
+        else:
+            trained = True
+    return found
 
 
 def verdicts(runs: dict, base: str, limit: float, tail: int = 5) -> list:
     """One row per run of ``runs`` (name -> :func:`train`'s dict): ``(name, final loss, gap to the run
     named base, verdict, diverged at)``.  The final loss is the mean of the last ``tail`` logged losses
     (one is noisy); the verdict applies :data:`GOOD_GAP` and :data:`BAD_GAP`: "within 1%", "1-3%" or
-    "over 3%", and "diverged" when :func:`diverged_at` finds a step."""
+    "over 3%" ("below <base>" for a run that ended more than 1% lower than the base), and "diverged"
+    when :func:`diverged_at` finds a step (a run that spiked and came back is judged by its final loss;
+    :func:`spikes` finds its spikes)."""
     if base not in runs:
         raise ValueError(f"base {base!r} is not one of the runs {list(runs)}")
 
@@ -399,6 +429,8 @@ def verdicts(runs: dict, base: str, limit: float, tail: int = 5) -> list:
         gap = loss / ref - 1 if math.isfinite(loss) else math.inf
         if at is not None:
             verdict = "diverged"
+        elif gap < -GOOD_GAP:  # the rule judges losses above the base; this one ended clearly below it
+            verdict = f"below {base}"
         elif gap <= GOOD_GAP:
             verdict = "within 1%"
         elif gap <= BAD_GAP:
@@ -422,7 +454,9 @@ __all__ = [
     "diverged_at",
     "fp4_linear_reference",
     "operands",
+    "prepare",
     "sensitive_layers",
+    "spikes",
     "swap_linears",
     "train",
     "verdicts",

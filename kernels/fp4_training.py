@@ -12,8 +12,8 @@ one after the other in one process (a ratio to bf16 measured in the same run), a
 judges each run with :func:`kernels.fp4_linear.verdicts`.  A run killed before its end leaves its losses so
 far in ``<out>.parts/``; ``--merge`` writes the record from them.  The two halves can run apart, so that
 the timing has the GPU to itself while something else shares it with the runs: ``--time-only`` times the
-steps and keeps them in ``<out>.parts/``, ``--no-time`` runs the contenders and writes the record with the
-times kept there.
+steps and keeps them in ``<out>.parts/`` (and puts them in the record at ``<out>``, if there is one),
+``--no-time`` runs the contenders and writes the record with the times kept there.
 """
 
 import argparse
@@ -79,22 +79,37 @@ def run(name: str, steps: int, log_every: int, part: Path | None = None, device=
     return result
 
 
-def step_ms(name: str, steps: int = 100, warmup: int = 10, device=None) -> float:
-    """Milliseconds per training step of contender ``name`` (the difference of two runs, ``warmup`` steps
-    and ``warmup + steps`` steps, over ``steps``: building the model, compiling and warming up cancel)."""
-    from kernels import fp4_linear
+def step_ms(name: str, steps: int = 100, warmup: int = 10, device=None, **settings) -> float:
+    """Milliseconds per training step of contender ``name``: forward, backward and AdamW on the model and
+    batch of the runs (:func:`kernels.charmodel.train_step`, bf16 autocast), without the runs' logging,
+    timed over ``steps`` steps after ``warmup`` (the first compiles).  ``settings`` override
+    :data:`SETTINGS` (and may give ``model_args``)."""
+    from kernels import charmodel, fp4_linear
+    from kernels.device import default_device
 
     recipe, keep = contenders()[name]
+    kw = {**SETTINGS, **settings}
+    device = device or default_device()
+    ids, vocab = charmodel.load_corpus()
+    torch.manual_seed(kw["seed"])
+    model = charmodel.CharTransformer(len(vocab), **kw.get("model_args", {})).to(device)
+    fp4_linear.prepare(model, recipe, keep)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=kw["lr"], weight_decay=0.0)
+    gen = torch.Generator().manual_seed(kw["seed"] + 1)
+    batches = [charmodel.windows(ids, kw["batch"], model.context, gen, device) for _ in range(8)]
 
-    def timed(n):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fp4_linear.train(recipe, keep, steps=n, log_every=n, device=device, **SETTINGS)
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
+    autocast_dtype = charmodel.RECIPES["bf16"][0]
 
-    timed(warmup)  # the first run compiles
-    return (timed(warmup + steps) - timed(warmup)) / steps * 1e3
+    def run(n):
+        for i in range(n):
+            charmodel.train_step(model, optimizer, None, *batches[i % len(batches)], autocast_dtype)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+
+    run(warmup)
+    start = time.perf_counter()
+    run(steps)
+    return (time.perf_counter() - start) / steps * 1e3
 
 
 def _write(path: Path, data) -> None:
@@ -127,13 +142,26 @@ def _common_steps(runs: dict, steps: int, log_every: int, round_to: int = 100) -
     return {k: {"steps": r["steps"][:n], "loss": r["loss"][:n], "complete": False} for k, r in runs.items()}, cut
 
 
-def record(runs: dict, ms: dict, steps: int, log_every: int) -> dict:
-    """The record of a set of runs: the machine and stack (:func:`kernels.bench.command.environment`), the
-    settings, each run's losses and each contender's milliseconds per step."""
+def timing(names, steps: int = 100) -> dict:
+    """``{"step_ms": {name: ms}, "timing": the machine, stack and commit that timed them}``: a step of each
+    contender of ``names`` timed by :func:`step_ms`, one after the other in this process."""
+    from kernels.bench.command import environment
+
+    ms = {}
+    for n in names:
+        ms[n] = step_ms(n, steps)
+        print(f"{n:>20}: {ms[n]:.2f} ms/step", flush=True)
+    return {"step_ms": ms, "timing": {**environment(), "steps_timed": steps}}
+
+
+def record(runs: dict, timed: dict, steps: int, log_every: int) -> dict:
+    """The record of a set of runs: the machine and stack that ran them
+    (:func:`kernels.bench.command.environment`), the settings, each run's losses, and each contender's
+    milliseconds per step with what timed them (``timed``, from :func:`timing`)."""
     from kernels.bench.command import environment
 
     settings = {**SETTINGS, "steps": steps, "log_every": log_every, "model": "CharTransformer defaults"}
-    return {**environment(), "settings": settings, "runs": runs, "step_ms": ms}
+    return {**environment(), "settings": settings, "runs": runs, "step_ms": {}, "timing": None, **timed}
 
 
 def load(path=None) -> dict:
@@ -178,12 +206,14 @@ def main(argv=None) -> int:
     out = a.out or RESULTS / f"{gpu_slug(torch.cuda.get_device_name())}-fp4.json"
     times = out.with_suffix(".parts") / "_step_ms.json"
     if a.time_only:
-        ms = {}
-        for n in names:
-            ms[n] = step_ms(n, a.time_steps)
-            print(f"{n:>20}: {ms[n]:.2f} ms/step", flush=True)
-        _write(times, ms)
+        timed = timing(names, a.time_steps)
+        _write(times, timed)
         print(f"kept the step times in {times}")
+        if out.exists():  # a record of runs already made: its step times are these
+            rec = json.loads(out.read_text())
+            rec["step_ms"], rec["timing"] = {**rec.get("step_ms", {}), **timed["step_ms"]}, timed["timing"]
+            _write(out, rec)
+            print(f"and in {out}")
         return 0
     if not a.merge:
         jobs = [(n, a.steps, a.log_every, str(_part(out, n))) for n in names]
@@ -196,19 +226,20 @@ def main(argv=None) -> int:
         runs, a.steps = _common_steps(runs, a.steps, a.log_every)
         print(f"merged {len(runs)} runs of {a.steps} steps")
     if a.merge or a.no_time:
-        ms = json.loads(times.read_text()) if times.exists() else {}
+        timed = json.loads(times.read_text()) if times.exists() else {}
     else:
-        ms = {n: step_ms(n, a.time_steps) for n in names}
+        timed = timing(names, a.time_steps)
+    ms = timed.get("step_ms", {})
     for n in names:
-        timed = f"{ms[n]:.2f} ms/step" if n in ms else "not timed"
+        shown = f"{ms[n]:.2f} ms/step" if n in ms else "not timed"
         final = f"final loss {runs[n]['loss'][-1]:.4f}" if n in runs else "no run"
-        print(f"{n:>20}: {timed}, {final}", flush=True)
-    _write(out, record(runs, ms, a.steps, a.log_every))
+        print(f"{n:>20}: {shown}, {final}", flush=True)
+    _write(out, record(runs, timed, a.steps, a.log_every))
     print(f"wrote {out}")
     return 0
 
 
-__all__ = ["RESULTS", "SETTINGS", "contenders", "limit", "load", "main", "record", "run", "step_ms"]
+__all__ = ["RESULTS", "SETTINGS", "contenders", "limit", "load", "main", "record", "run", "step_ms", "timing"]
 
 if __name__ == "__main__":
     sys.exit(main())

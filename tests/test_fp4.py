@@ -272,11 +272,14 @@ def _unfused_t(x, fmt, signs, **kw):
     return fp4.quantize_fp4(xt, fmt, **kw)
 
 
+@pytest.mark.parametrize("layout", ["transpose", "pairs"])
 @pytest.mark.parametrize("fmt", list(fp4.FORMATS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_quantize_t_is_the_unfused_passes_bit_for_bit(fmt, dtype):
+def test_quantize_t_is_the_unfused_passes_bit_for_bit(fmt, dtype, layout, monkeypatch):
     """quantize_fp4_t(x) = quantize(hadamard_rotate(x^T)): rotated or not, nearest or stochastic, on
-    shapes that fill its tiles and shapes that do not, with outliers and every special value."""
+    shapes that fill its tiles and shapes that do not, with outliers and every special value; by either
+    of its kernels."""
+    monkeypatch.setattr(fp4, "QUANT_T_LAYOUT", layout)
     signs = hadamard.random_signs(fp4.RHT_BLOCK, 3, DEVICE)
     special = special_inputs((64, 64), dtype, seed=1, device=DEVICE)
     if dtype != torch.bfloat16:  # the training recipe's dtype gets every case; the others the loads' paths

@@ -233,9 +233,12 @@ def test_the_verdicts_apply_the_one_and_three_percent_rule():
     runs = {
         "bf16": run(4.0, 2.0, 2.0),
         "good": run(4.0, 2.0, 2.01),
+        "lower": run(4.0, 2.0, 1.95),
+        "a bit lower": run(4.0, 2.0, 1.99),
         "so-so": run(4.0, 2.0, 2.05),
         "bad": run(4.0, 2.0, 2.20),
-        "spike": run(4.0, 9.0, 2.0),
+        "spike": run(4.0, 9.0, 2.0),  # came back: judged by its final loss
+        "blows up": run(4.0, 2.0, 9.0, 9.5),
         "nan": run(4.0, float("nan"), float("nan")),
         "starts above": run(5.5, 2.0, 2.0),  # an untrained model may begin worse than a uniform guess
         "never trains": run(5.5, 5.6, 5.7),
@@ -244,15 +247,27 @@ def test_the_verdicts_apply_the_one_and_three_percent_rule():
     assert rows == {
         "bf16": ("within 1%", None),
         "good": ("within 1%", None),
+        "lower": ("below bf16", None),
+        "a bit lower": ("within 1%", None),
         "so-so": ("1-3%", None),
         "bad": ("over 3%", None),
-        "spike": ("diverged", 10),
+        "spike": ("within 1%", None),
+        "blows up": ("diverged", 20),
         "nan": ("diverged", 10),
         "starts above": ("within 1%", None),
         "never trains": ("diverged", 0),
     }
     with pytest.raises(ValueError, match="base"):
         F.verdicts(runs, "fp32", limit=5.0)
+
+
+def test_spikes_are_the_losses_that_rose_above_the_limit_and_came_back():
+    steps = [0, 10, 20, 30, 40, 50]
+    assert F.spikes([5.5, 2.0, 7.0, 2.0, float("nan"), 2.0], steps, limit=5.0) == [20, 40]
+    assert F.spikes([5.5, 5.2, 2.0, 2.0, 2.0, 2.0], steps, limit=5.0) == [], "a slow start is no spike"
+    assert F.spikes([4.0, 7.0, 2.0, 2.0, 9.0, 9.0], steps, limit=5.0) == [10], "the divergence at 40 is not one"
+    with pytest.raises(ValueError, match="one entry each"):
+        F.diverged_at([1.0], steps, limit=5.0)
 
 
 def test_lab_6_q5s_answer_is_the_layers():

@@ -70,7 +70,7 @@ def _as_if_on_a_gpu(monkeypatch):
     monkeypatch.setattr(fp4_training, "step_ms", lambda name, steps=100: {"bf16": 10.0, "nvfp4": 25.0}[name])
     from kernels.bench import command
 
-    monkeypatch.setattr(command, "environment", lambda: {"device": "a GPU"})
+    monkeypatch.setattr(command, "environment", lambda: {"device": "a GPU", "commit": "abc"})
 
 
 def test_the_timing_and_the_runs_can_be_done_apart(tmp_path, monkeypatch, capsys):
@@ -84,8 +84,21 @@ def test_the_timing_and_the_runs_can_be_done_apart(tmp_path, monkeypatch, capsys
     assert fp4_training.main(["--merge", "--steps", "1", "--out", str(out), "bf16", "nvfp4"]) == 0
     rec = fp4_training.load(out)
     assert rec["step_ms"] == {"bf16": 10.0, "nvfp4": 25.0} and rec["device"] == "a GPU"
+    assert rec["timing"] == {"device": "a GPU", "commit": "abc", "steps_timed": 100}, "what timed the steps"
     assert set(rec["runs"]) == {"bf16", "nvfp4"} and rec["settings"]["steps"] == 1
     assert "25.00 ms/step, final loss 4.5000" in capsys.readouterr().out
+
+
+def test_timing_again_updates_the_record_of_the_runs_and_keeps_them(tmp_path, monkeypatch):
+    _as_if_on_a_gpu(monkeypatch)
+    out = tmp_path / "gpu-fp4.json"
+    runs = {"bf16": {"steps": [0], "loss": [4.5], "complete": True}}
+    fp4_training._write(out, {"device": "old", "runs": runs, "step_ms": {"bf16": 99.0, "fp8": 50.0}, "timing": None})
+    assert fp4_training.main(["--time-only", "--time-steps", "7", "--out", str(out), "bf16"]) == 0
+    rec = fp4_training.load(out)
+    assert rec["runs"] == runs and rec["device"] == "old", "the runs and their machine stay"
+    assert rec["step_ms"] == {"bf16": 10.0, "fp8": 50.0}, "the contenders timed again, and only they, change"
+    assert rec["timing"]["steps_timed"] == 7 and rec["timing"]["commit"] == "abc"
 
 
 def test_a_merge_without_times_says_so(tmp_path, monkeypatch, capsys):
@@ -95,7 +108,8 @@ def test_a_merge_without_times_says_so(tmp_path, monkeypatch, capsys):
     assert fp4_training.main(["--merge", "--out", str(out), "bf16", "nvfp4"]) == 0
     printed = capsys.readouterr().out
     assert "bf16: not timed, final loss 4.5000" in printed and "nvfp4: not timed, no run" in printed
-    assert fp4_training.load(out)["step_ms"] == {}
+    rec = fp4_training.load(out)
+    assert rec["step_ms"] == {} and rec["timing"] is None
 
 
 def test_the_halves_exclude_one_another(capsys, monkeypatch):
@@ -125,3 +139,17 @@ def test_runs_a_kill_left_uneven_are_cut_to_the_steps_they_all_logged():
     whole = {"a": run(300, True), "b": run(300, True)}
     assert fp4_training._common_steps(whole, 3000, 10) == (whole, 3000)
     assert fp4_training._common_steps({"a": run(5), "b": run(7)}, 3000, 10)[1] == 50  # fewer than 100: as logged
+
+
+@pytest.mark.parametrize("name", ["bf16", "nvfp4"])
+def test_a_step_is_timed_on_the_model_its_run_trains(name, monkeypatch):
+    seen = []
+    real = fp4_linear.prepare
+
+    def spy(model, recipe, keep):
+        seen.append((recipe, keep))
+        real(model, recipe, keep)
+
+    monkeypatch.setattr(fp4_linear, "prepare", spy)
+    ms = fp4_training.step_ms(name, steps=2, warmup=1, device="cpu", **TINY)
+    assert ms > 0 and seen == [fp4_training.contenders()[name]]

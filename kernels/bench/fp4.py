@@ -41,6 +41,7 @@ GEMM_ROWS = (1, 16, 32, 64, 128)  # M
 WEIGHT_SETS = 4  # 4 x 36 MB of FP4 weights (4 x 128 MB of bf16) at 8192 x 8192: beyond L2
 GRAPH_CALLS = 2 * WEIGHT_SETS  # calls per graph replay: each weight set twice
 QUANT_SHAPE = (16384, 8192)  # 256 MiB of bf16
+LINEAR_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336))  # tokens x in x out
 
 
 def _rotating(fns):
@@ -169,10 +170,55 @@ def _bench_quantize_t():
     return measure("fp4_quantize_t", f"{t}x{f}", "GB/s", nbytes, fused, baselines)
 
 
+@benchmark("fp4_linear")
+def _bench_linear():
+    """FP4Linear (the NVFP4 training recipe) forward + backward, eager: six quantizations (two with the
+    rotation and stochastic rounding) and three GEMMs on bf16 tensor cores from dequantized operands, vs
+    bf16 nn.Linear and chapter 5's FP8Linear (tensorwise), same weights and data.  Each record also gives
+    the time of the six quantizations alone (``quantize_ms``) and of the step (``step_ms``)."""
+    from kernels import fp4_linear as F
+    from kernels.bench import median_ms
+    from kernels.fp8_linear import FP8Linear, FP8Recipe
+    from kernels.testing import frobenius_error
+
+    records = []
+    for t, i, o in cases(LINEAR_SHAPES):
+        ref = torch.nn.Linear(i, o, bias=False, device="cuda", dtype=torch.bfloat16)
+        ours, fp8 = F.FP4Linear.from_linear(ref, F.FP4Recipe()), FP8Linear.from_linear(ref, FP8Recipe())
+        x = torch.randn(t, i, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(t, o, device="cuda", dtype=torch.bfloat16) * 1e-3
+
+        def step(layer, x=x, dy=dy, weight=ref.weight):
+            x.grad = None
+            weight.grad = None
+            layer(x).backward(dy)
+
+        step(ours)
+        got = (x.grad.clone(), ref.weight.grad.clone())
+        step(ref)
+        for what, g, r in zip(("dx", "dw"), got, (x.grad, ref.weight.grad), strict=True):
+            err = frobenius_error(g, r)
+            if err > 0.5:  # FP4's error is large, but a wrong layer's is of order 1
+                raise AssertionError(f"fp4_linear: {what} is {err:.3f} from bf16; not timing a wrong layer")
+        del got
+        baselines = {"nn.Linear bf16": lambda: step(ref), "FP8Linear tensorwise": lambda: step(fp8)}
+        recs = measure("fp4_linear", f"{t}x{i}x{o}", "TFLOP/s", 3 * 2.0 * t * i * o, lambda: step(ours), baselines)
+        xd, w = x.detach(), ref.weight.detach()
+        quant = median_ms(lambda: F.operands(xd, w, dy, ours.recipe, step=1))
+        whole = median_ms(lambda: step(ours))
+        for r in recs:
+            r["quantize_ms"], r["step_ms"] = round(quant, 3), round(whole, 3)
+        records += recs
+        del ref, ours, fp8, x, dy, xd, w
+        torch.cuda.empty_cache()
+    return records
+
+
 __all__ = [
     "GEMM_ROWS",
     "GEMM_SHAPES",
     "GRAPH_CALLS",
+    "LINEAR_SHAPES",
     "QUANT_SHAPE",
     "WEIGHT_SETS",
 ]
