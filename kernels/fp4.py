@@ -555,6 +555,32 @@ QUANT_T_LAYOUT = "transpose"  # or "pairs": _quantize_t_kernel or _quantize_t_pa
 
 
 @triton.jit
+def _rotate_rows(x, h_ptr, d_ptr, rows, scale, TB: tl.constexpr, IEEE: tl.constexpr):
+    """Rows ``rows`` of the rotation of a (TB tokens, FB features) tile ``x`` along its tokens, in blocks of
+    16, rounded to x's dtype: one tl.dot by those rows of a (TB, TB) block-diagonal matrix whose blocks are
+    diag(d) H (transposed), built from the 16x16 H and the 16 signs.  Each rotated value is the sum of
+    the same 16 exact products as in hadamard_rotate on x^T, in the same order along K, and the other
+    blocks add exact zeros, so the values are its bits."""
+    c = tl.arange(0, TB)  # a token the rotated one mixes
+    i = c[None, :] % 16
+    same = (rows[:, None] // 16) == (c[None, :] // 16)
+    rot = tl.where(same, tl.load(h_ptr + i * 16 + rows[:, None] % 16) * tl.load(d_ptr + i), 0.0)  # H[i, j] d[i]
+    # A zero of the matrix times an inf or NaN of another group would be NaN: those are multiplied as 0,
+    # and every rotated value of a group that holds one is made NaN afterwards (in hadamard_rotate it is
+    # inf or NaN, which the quantizer treats alike).
+    bad = (x.to(tl.float32) * 0.0) != 0.0
+    xs = tl.where(bad, 0.0, x)
+    if IEEE:
+        y = tl.dot(rot.to(x.dtype), xs, input_precision="ieee")
+    else:
+        y = tl.dot(rot.to(x.dtype), xs)
+    y = (y * scale).to(x.dtype)
+    if tl.max(bad.to(tl.int32)) > 0:  # rare: count each group's non-finite values, exactly
+        y = tl.where(tl.dot(same.to(x.dtype), bad.to(x.dtype)) > 0, float("nan"), y).to(x.dtype)
+    return y
+
+
+@triton.jit
 def _quantize_t_kernel(
     x_ptr,  # (T, F) input, row-major: tokens by features
     h_ptr,  # (16, 16) Hadamard matrix of +-1 (bf16, or fp32 for fp32 input)
@@ -568,12 +594,8 @@ def _quantize_t_kernel(
     BS: tl.constexpr, NV: tl.constexpr, STOCHASTIC: tl.constexpr, ROTATE: tl.constexpr, IEEE: tl.constexpr,
     AMAX: tl.constexpr, TB: tl.constexpr, FB: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
-    # A (TB tokens, FB features) tile of x, read once with coalesced rows.  The rotation mixes each group
-    # of 16 tokens of a feature: as one tl.dot of the tile by a (TB, TB) block-diagonal matrix whose blocks
-    # are diag(d) H (transposed), built here from the 16x16 H and the 16 signs.  Each rotated value is the
-    # sum of the same 16 exact products as in hadamard_rotate on x^T, in the same order along K, and the
-    # other blocks add exact zeros, so the rotated values, rounded to x's dtype, are its bits.  Then the
-    # tile is transposed in registers into FB rows of x^T and quantized along the tokens.
+    # A (TB tokens, FB features) tile of x, read once with coalesced rows, rotated along its tokens
+    # (_rotate_rows), then transposed in registers into FB rows of x^T and quantized along the tokens.
     pid_f = tl.program_id(0)
     pid_t = tl.program_id(1)
     f = pid_f * FB + tl.arange(0, FB)
@@ -584,24 +606,7 @@ def _quantize_t_kernel(
     else:
         x = tl.load(x_ptr + offs, mask=(t[:, None] < T) & (f[None, :] < F), other=0.0)
     if ROTATE:
-        r = tl.arange(0, TB)  # a rotated token (row of the matrix) and a token it mixes (column)
-        i, j = r[None, :] % 16, r[:, None] % 16
-        same = (r[:, None] // 16) == (r[None, :] // 16)
-        rot = tl.load(h_ptr + i * 16 + j) * tl.load(d_ptr + i)  # H[i, j] d[i]: +-1, exact
-        rot = tl.where(same, rot, 0.0).to(x.dtype)
-        # A zero of the matrix times an inf or NaN of another group would be NaN: those are multiplied as 0,
-        # and every rotated value of a group that holds one is made NaN afterwards (in hadamard_rotate
-        # it is inf or NaN, which the quantizer treats alike).
-        bad = (x.to(tl.float32) * 0.0) != 0.0  # inf and NaN
-        xs = tl.where(bad, 0.0, x)
-        if IEEE:
-            y = tl.dot(rot, xs, input_precision="ieee")
-        else:
-            y = tl.dot(rot, xs)
-        x = (y * scale).to(x.dtype)
-        if tl.max(bad.to(tl.int32)) > 0:  # rare: count each group's non-finite values, exactly
-            n_bad = tl.dot(same.to(x.dtype), bad.to(x.dtype))
-            x = tl.where(n_bad > 0, float("nan"), x).to(x.dtype)
+        x = _rotate_rows(x, h_ptr, d_ptr, tl.arange(0, TB), scale, TB, IEEE)
     if AMAX:  # the amax of the tile, whichever way it is read
         v = quantize.nan_if_not_finite(x.to(tl.float32))
         tl.store(partial_ptr + pid_f * tl.num_programs(1) + pid_t, tl.max(quantize.finite_amax(v, 1), 0))
@@ -633,7 +638,7 @@ def _quantize_t_pairs_kernel(
 ):  # fmt: skip
     # _quantize_t_kernel's work with no transposition: the codes of tokens 2i and 2i + 1 share a byte of
     # x^T, so the tile is kept as its even tokens (lo) and its odd tokens (hi), (TB / 2, FB) each, read
-    # (or rotated: two tl.dots by the even and the odd rows of the block-diagonal matrix) with coalesced
+    # (or rotated: _rotate_rows by the even and by the odd rows of the rotation) with coalesced
     # rows.  Each feature's blocks then lie down its column; a reshape and a permutation (which moves no
     # data) give the (FB, G, BS / 2) halves that _quantize_halves takes.
     pid_f = tl.program_id(0)
@@ -648,27 +653,9 @@ def _quantize_t_pairs_kernel(
             x = tl.load(x_ptr + offs)
         else:
             x = tl.load(x_ptr + offs, mask=(t[:, None] < T) & (f[None, :] < F), other=0.0)
-        bad = (x.to(tl.float32) * 0.0) != 0.0  # inf and NaN (see _quantize_t_kernel)
-        xs = tl.where(bad, 0.0, x)
-        c = tl.arange(0, TB)  # a token a rotated one mixes
-        i = c[None, :] % 16
-        hd = tl.load(d_ptr + i)
-        re = 2 * tl.arange(0, TP)  # the even rows of the matrix; re + 1, the odd ones
-        same_e = (re[:, None] // 16) == (c[None, :] // 16)
-        same_o = ((re[:, None] + 1) // 16) == (c[None, :] // 16)
-        rot_e = tl.where(same_e, tl.load(h_ptr + i * 16 + re[:, None] % 16) * hd, 0.0).to(x.dtype)
-        rot_o = tl.where(same_o, tl.load(h_ptr + i * 16 + (re[:, None] + 1) % 16) * hd, 0.0).to(x.dtype)
-        if IEEE:
-            ye = tl.dot(rot_e, xs, input_precision="ieee")
-            yo = tl.dot(rot_o, xs, input_precision="ieee")
-        else:
-            ye = tl.dot(rot_e, xs)
-            yo = tl.dot(rot_o, xs)
-        lo = (ye * scale).to(x.dtype)
-        hi = (yo * scale).to(x.dtype)
-        if tl.max(bad.to(tl.int32)) > 0:
-            lo = tl.where(tl.dot(same_e.to(x.dtype), bad.to(x.dtype)) > 0, float("nan"), lo).to(x.dtype)
-            hi = tl.where(tl.dot(same_o.to(x.dtype), bad.to(x.dtype)) > 0, float("nan"), hi).to(x.dtype)
+        re = 2 * tl.arange(0, TP)  # the even rows of the rotation; re + 1, the odd ones
+        lo = _rotate_rows(x, h_ptr, d_ptr, re, scale, TB, IEEE)
+        hi = _rotate_rows(x, h_ptr, d_ptr, re + 1, scale, TB, IEEE)
     else:
         offs = te.to(tl.int64)[:, None] * F + f[None, :]
         if EVEN:
