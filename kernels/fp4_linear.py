@@ -382,9 +382,11 @@ def diverged_at(losses, steps, limit: float) -> int | None:
     gets below it never trained, and diverged at its first step."""
     losses, steps = list(losses), list(steps)
     if len(losses) != len(steps):
-        raise ValueError(f"losses and steps must have one entry each per logged step, got {len(losses)} and {len(steps)}")
+        raise ValueError(
+            f"losses and steps must have one entry each per logged step, got {len(losses)} and {len(steps)}"
+        )
     at = None
-    for step, loss in zip(reversed(steps), reversed(losses)):
+    for step, loss in zip(reversed(steps), reversed(losses), strict=True):
         if not _above(loss, limit):
             break
         at = step
@@ -397,7 +399,7 @@ def spikes(losses, steps, limit: float) -> list:
     moment.  A model may start a little above a uniform guess; those first losses are not spikes."""
     end = diverged_at(losses, steps, limit)
     found, trained = [], False
-    for step, loss in zip(steps, losses):
+    for step, loss in zip(steps, losses, strict=True):
         if end is not None and step >= end:
             break
         if _above(loss, limit):

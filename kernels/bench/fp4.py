@@ -176,6 +176,8 @@ def _bench_linear():
     rotation and stochastic rounding) and three GEMMs on bf16 tensor cores from dequantized operands, vs
     bf16 nn.Linear and chapter 5's FP8Linear (tensorwise), same weights and data.  Each record also gives
     the time of the six quantizations alone (``quantize_ms``) and of the step (``step_ms``)."""
+    from functools import partial
+
     from kernels import fp4_linear as F
     from kernels.bench import check_linear, linear_step, median_ms
     from kernels.fp8_linear import FP8Linear, FP8Recipe
@@ -189,11 +191,11 @@ def _bench_linear():
 
         step = linear_step(x, dy, ref.weight)
         check_linear("fp4_linear", step, ours, ref, x, {"dx": 0.5, "dw": 0.5})  # FP4's errors are near 0.2
-        baselines = {"nn.Linear bf16": lambda: step(ref), "FP8Linear tensorwise": lambda: step(fp8)}
-        recs = measure("fp4_linear", f"{t}x{i}x{o}", "TFLOP/s", 3 * 2.0 * t * i * o, lambda: step(ours), baselines)
+        baselines = {"nn.Linear bf16": partial(step, ref), "FP8Linear tensorwise": partial(step, fp8)}
+        recs = measure("fp4_linear", f"{t}x{i}x{o}", "TFLOP/s", 3 * 2.0 * t * i * o, partial(step, ours), baselines)
         xd, w = x.detach(), ref.weight.detach()
-        quant = median_ms(lambda: F.operands(xd, w, dy, ours.recipe, step=1))
-        whole = median_ms(lambda: step(ours))
+        quant = median_ms(partial(F.operands, xd, w, dy, ours.recipe, step=1))
+        whole = median_ms(partial(step, ours))
         for r in recs:
             r["quantize_ms"], r["step_ms"] = round(quant, 3), round(whole, 3)
         records += recs

@@ -14,6 +14,7 @@ reference (on a slice of rows) before it is timed.
 import importlib
 import itertools
 import warnings
+from functools import partial
 
 import torch
 
@@ -173,13 +174,13 @@ def _linear_bench(name: str, granularity: str, compiled: bool) -> list:
 
         step = linear_step(x, dy, ref.weight)
         check_linear(name, step, ours, ref, x, BF16_TOLERANCE)
-        baselines = {"nn.Linear bf16" + (", compiled" if compiled else ""): lambda bf16=bf16: step(bf16)}
+        baselines = {"nn.Linear bf16" + (", compiled" if compiled else ""): partial(step, bf16)}
         peer = f"torchao Float8Linear {TORCHAO[granularity]}, compiled"
         ao = torchao_float8(ref.weight, granularity)
         if ao is not None:
-            baselines[peer] = lambda ao=ao: step(ao)
-        recs = measure(name, f"{t}x{i}x{o}", "TFLOP/s", 3 * 2.0 * t * i * o, lambda ours=ours: step(ours), baselines)
-        host = round(host_us(lambda ours=ours: step(ours)), 1)  # the step's launches, on the CPU
+            baselines[peer] = partial(step, ao)
+        recs = measure(name, f"{t}x{i}x{o}", "TFLOP/s", 3 * 2.0 * t * i * o, partial(step, ours), baselines)
+        host = round(host_us(partial(step, ours)), 1)  # the step's launches, on the CPU
         for r in recs:
             r["host_us"] = host
             if ao is None:
