@@ -130,7 +130,12 @@ BASELINES = {
     "fp4_quantize": {"device copy"},
     "fp4_quantize_given_scale": {"device copy"},
     "fp4_quantize_mxfp4": {"device copy"},
-    "fp4_quantize_t": {"device copy", "transpose, rotate, quantize"},
+    "fp4_quantize_t": {
+        "device copy",
+        "transpose, rotate, quantize",
+        "fused, nearest rounding",
+        "fused, nearest rounding, no rotation",
+    },
     "fp4_linear": {"nn.Linear bf16", "FP8Linear tensorwise"},
 }
 

@@ -145,7 +145,8 @@ def _bench_quantize_mxfp4():
 def _bench_quantize_t():
     """The training recipe's wgrad operand dY^T: transposed, rotated (RHT, blocks of 16) and quantized to
     NVFP4 with stochastic rounding by one kernel that reads dY twice (the amax pass, then the quantize
-    pass); against a device copy of its bytes and the three passes it replaces."""
+    pass); against a device copy of its bytes, the three passes it replaces, and itself without stochastic
+    rounding and without the rotation."""
     from kernels import fp4, hadamard
 
     t, f = QUANT_SHAPE  # tokens x features
@@ -166,7 +167,13 @@ def _bench_quantize_t():
             raise AssertionError(f"fp4_quantize_t: the fused kernel's {what} differ from the three passes'")
     nbytes = 2 * x.numel() * x.element_size() + got.q.numel() + got.s.numel() + 4
     del got, want
-    baselines = {"device copy": copy_baseline(nbytes), "transpose, rotate, quantize": unfused}
+    baselines = {
+        "device copy": copy_baseline(nbytes),
+        "transpose, rotate, quantize": unfused,
+        # the same kernel with an ingredient left out: what the rounding and the rotation cost (same bytes)
+        "fused, nearest rounding": lambda: fp4.quantize_fp4_t(x, "nvfp4", signs),
+        "fused, nearest rounding, no rotation": lambda: fp4.quantize_fp4_t(x, "nvfp4", None),
+    }
     return measure("fp4_quantize_t", f"{t}x{f}", "GB/s", nbytes, fused, baselines)
 
 
