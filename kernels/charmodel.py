@@ -179,6 +179,8 @@ def train(
     device=None,
     log_every=1,
     optimizer_state_dtype=None,
+    prepare=None,
+    progress=None,
 ):
     """Train a :class:`CharTransformer` on the shipped corpus with one of :data:`RECIPES`.
 
@@ -191,7 +193,10 @@ def train(
     overflow), ``scale`` (loss scale per logged step) and ``nonfinite_step`` (first step whose loss
     was inf/NaN, or None).  ``step_fn`` replaces :func:`train_step` (same signature).
     ``optimizer_state_dtype``, one of :data:`STATE_DTYPES`, stores AdamW's m and v in that dtype
-    between steps (:func:`keep_state_in`); None leaves them in the parameters' dtype."""
+    between steps (:func:`keep_state_in`); None leaves them in the parameters' dtype.  ``prepare``, a
+    function of the model, changes it in place before the optimizer is built (chapter 6 swaps its linear
+    layers for FP4 or FP8 ones there).  ``progress``, a function of the dict being filled, is called after
+    every logged step (a long run writes its losses so far there)."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {list(RECIPES)}, got {recipe!r}")
     if optimizer_state_dtype is not None and optimizer_state_dtype not in STATE_DTYPES:
@@ -202,6 +207,8 @@ def train(
     ids, vocab = load_corpus()
     torch.manual_seed(seed)
     model = CharTransformer(len(vocab), **(model_args or {})).to(device=device, dtype=param_dtype)
+    if prepare is not None:
+        prepare(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     if optimizer_state_dtype is not None:
         keep_state_in(optimizer, optimizer_state_dtype)
@@ -236,6 +243,8 @@ def train(
             out["unmoved_fraction"].append(unmoved / max(live, 1) if not skipped else float("nan"))
             out["scale"].append(scaler.get_scale() if scaler else 1.0)
             out["zero_v_fraction"].append(zero_v_fraction(optimizer, total))
+            if progress is not None:
+                progress(out)
     out["steps"] = list(range(0, steps, log_every)) + ([steps - 1] if (steps - 1) % log_every else [])
     return out
 

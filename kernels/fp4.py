@@ -52,6 +52,7 @@ Policies
   on each of the tile's 16 rows, so the layout and the dequantizer are the same.
 """
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -340,7 +341,27 @@ def _quantize_tile(
         signs = raw  # the signs of elements 2i and 2i + 1 are bits 15 and 31
     else:
         lo, hi = tl.split(raw.to(tl.float32))
-        signs = ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (hi.to(tl.int32, bitcast=True) & -65536)
+        signs = _signs(lo, hi)
+    _quantize_halves(
+        lo, hi, signs, q_ptr, s_ptr, rows, blocks, poffs, mask, ts, seed, M, K,
+        BS, NV, BLOCK_2D, STOCHASTIC, ROWS, G, EVEN,
+    )  # fmt: skip
+
+
+@triton.jit
+def _signs(lo, hi):
+    """An int32 word with the sign of fp32 ``lo`` in bit 15 and that of ``hi`` in bit 31 (-0.0 included)."""
+    return ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (hi.to(tl.int32, bitcast=True) & -65536)
+
+
+@triton.jit
+def _quantize_halves(
+    lo, hi, signs, q_ptr, s_ptr, rows, blocks, poffs, mask, ts, seed, M, K,
+    BS: tl.constexpr, NV: tl.constexpr, BLOCK_2D: tl.constexpr, STOCHASTIC: tl.constexpr, ROWS: tl.constexpr,
+    G: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    # lo and hi: (ROWS, G, BS // 2) fp32, the elements 2i and 2i + 1 of each block (their codes share a
+    # byte), and their signs (:func:`_signs`)
     # NaN-propagating max: a block's amax is NaN or inf exactly when the block holds a non-finite value
     amax = tl.reduce(_max_nan(tl.abs(lo), tl.abs(hi)), 2, _max_nan)  # (ROWS, G)
     if BLOCK_2D:
@@ -526,6 +547,214 @@ def quantize_fp4(x: torch.Tensor, fmt: str, **kw) -> FP4Tensor:
     return quantize_nvfp4(x, **kw) if fmt == "nvfp4" else quantize_mxfp4(x, **kw)
 
 
+# -- the wgrad operands: transposed, rotated and quantized in one pass ----------------------------------
+
+RHT_BLOCK = 16  # the training recipe's rotation along the tokens
+QUANT_T_TILE, QUANT_T_WARPS = (32, 64), 4  # the (tokens, features) tile of x a program reads
+QUANT_T_LAYOUT = "transpose"  # or "pairs": _quantize_t_kernel or _quantize_t_pairs_kernel
+
+
+@triton.jit
+def _rotate_rows(x, h_ptr, d_ptr, rows, scale, TB: tl.constexpr, IEEE: tl.constexpr):
+    """Rows ``rows`` of the rotation of a (TB tokens, FB features) tile ``x`` along its tokens, in blocks of
+    16, rounded to x's dtype: one tl.dot by those rows of a (TB, TB) block-diagonal matrix whose blocks are
+    diag(d) H (transposed), built from the 16x16 H and the 16 signs.  Each rotated value is the sum of
+    the same 16 exact products as in hadamard_rotate on x^T, in the same order along K, and the other
+    blocks add exact zeros, so the values are its bits."""
+    c = tl.arange(0, TB)  # a token the rotated one mixes
+    i = c[None, :] % 16
+    same = (rows[:, None] // 16) == (c[None, :] // 16)
+    rot = tl.where(same, tl.load(h_ptr + i * 16 + rows[:, None] % 16) * tl.load(d_ptr + i), 0.0)  # H[i, j] d[i]
+    # A zero of the matrix times an inf or NaN of another group would be NaN: those are multiplied as 0,
+    # and every rotated value of a group that holds one is made NaN afterwards (in hadamard_rotate it is
+    # inf or NaN, which the quantizer treats alike).
+    bad = (x.to(tl.float32) * 0.0) != 0.0
+    xs = tl.where(bad, 0.0, x)
+    if IEEE:
+        y = tl.dot(rot.to(x.dtype), xs, input_precision="ieee")
+    else:
+        y = tl.dot(rot.to(x.dtype), xs)
+    y = (y * scale).to(x.dtype)
+    if tl.max(bad.to(tl.int32)) > 0:  # rare: count each group's non-finite values, exactly
+        y = tl.where(tl.dot(same.to(x.dtype), bad.to(x.dtype)) > 0, float("nan"), y).to(x.dtype)
+    return y
+
+
+@triton.jit
+def _quantize_t_kernel(
+    x_ptr,  # (T, F) input, row-major: tokens by features
+    h_ptr,  # (16, 16) Hadamard matrix of +-1 (bf16, or fp32 for fp32 input)
+    d_ptr,  # (16,) the rotation's random signs, +-1 (fp32)
+    q_ptr,  # (F, T // 2) uint8: the codes of x^T
+    s_ptr,  # (F, T // BS) uint8 block scales
+    amax_ptr,  # NVFP4: the amax of the rotated x (fp32), written by the AMAX pass, read by the next
+    ts_ptr,  # NVFP4: the tensor scale, written by program (0, 0)
+    partial_ptr,  # AMAX pass: one maximum per program
+    seed, T, F, scale,
+    BS: tl.constexpr, NV: tl.constexpr, STOCHASTIC: tl.constexpr, ROTATE: tl.constexpr, IEEE: tl.constexpr,
+    AMAX: tl.constexpr, TB: tl.constexpr, FB: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    # A (TB tokens, FB features) tile of x, read once with coalesced rows, rotated along its tokens
+    # (_rotate_rows), then transposed in registers into FB rows of x^T and quantized along the tokens.
+    pid_f = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    f = pid_f * FB + tl.arange(0, FB)
+    t = pid_t * TB + tl.arange(0, TB)
+    offs = t.to(tl.int64)[:, None] * F + f[None, :]
+    if EVEN:
+        x = tl.load(x_ptr + offs)
+    else:
+        x = tl.load(x_ptr + offs, mask=(t[:, None] < T) & (f[None, :] < F), other=0.0)
+    if ROTATE:
+        x = _rotate_rows(x, h_ptr, d_ptr, tl.arange(0, TB), scale, TB, IEEE)
+    if AMAX:  # the amax of the tile, whichever way it is read
+        v = quantize.nan_if_not_finite(x.to(tl.float32))
+        tl.store(partial_ptr + pid_f * tl.num_programs(1) + pid_t, tl.max(quantize.finite_amax(v, 1), 0))
+    else:
+        ts = 1.0
+        if NV:
+            ts = _tensor_scale(tl.load(amax_ptr))
+            if (pid_f == 0) & (pid_t == 0):
+                tl.store(ts_ptr, ts)
+        G: tl.constexpr = TB // BS
+        W: tl.constexpr = BS // 2
+        raw = tl.reshape(tl.trans(x), (FB, G, W, 2))  # FB rows of x^T
+        blocks = pid_t * G + tl.arange(0, G)
+        pcols = blocks[None, :, None] * W + tl.arange(0, W)[None, None, :]  # (1, G, W): pair index in the row
+        poffs = f.to(tl.int64)[:, None, None] * (T // 2) + pcols  # (FB, G, W)
+        mask = (f[:, None, None] < F) & (pcols < T // 2)
+        _quantize_tile(
+            raw, q_ptr, s_ptr, f, blocks, poffs, mask, ts, seed, F, T,
+            BS, NV, False, STOCHASTIC, FB, G, False, EVEN,
+        )  # fmt: skip
+
+
+@triton.jit
+def _quantize_t_pairs_kernel(
+    x_ptr, h_ptr, d_ptr, q_ptr, s_ptr, amax_ptr, ts_ptr, partial_ptr,  # as _quantize_t_kernel's
+    seed, T, F, scale,
+    BS: tl.constexpr, NV: tl.constexpr, STOCHASTIC: tl.constexpr, ROTATE: tl.constexpr, IEEE: tl.constexpr,
+    AMAX: tl.constexpr, TB: tl.constexpr, FB: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    # _quantize_t_kernel's work with no transposition: the codes of tokens 2i and 2i + 1 share a byte of
+    # x^T, so the tile is kept as its even tokens (lo) and its odd tokens (hi), (TB / 2, FB) each, read
+    # (or rotated: _rotate_rows by the even and by the odd rows of the rotation) with coalesced
+    # rows.  Each feature's blocks then lie down its column; a reshape and a permutation (which moves no
+    # data) give the (FB, G, BS / 2) halves that _quantize_halves takes.
+    pid_f = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    f = pid_f * FB + tl.arange(0, FB)
+    TP: tl.constexpr = TB // 2
+    te = pid_t * TB + 2 * tl.arange(0, TP)  # the even tokens
+    if ROTATE:
+        t = pid_t * TB + tl.arange(0, TB)
+        offs = t.to(tl.int64)[:, None] * F + f[None, :]
+        if EVEN:
+            x = tl.load(x_ptr + offs)
+        else:
+            x = tl.load(x_ptr + offs, mask=(t[:, None] < T) & (f[None, :] < F), other=0.0)
+        re = 2 * tl.arange(0, TP)  # the even rows of the rotation; re + 1, the odd ones
+        lo = _rotate_rows(x, h_ptr, d_ptr, re, scale, TB, IEEE)
+        hi = _rotate_rows(x, h_ptr, d_ptr, re + 1, scale, TB, IEEE)
+    else:
+        offs = te.to(tl.int64)[:, None] * F + f[None, :]
+        if EVEN:
+            lo = tl.load(x_ptr + offs)
+            hi = tl.load(x_ptr + offs + F)
+        else:
+            m = (te[:, None] < T) & (f[None, :] < F)
+            lo = tl.load(x_ptr + offs, mask=m, other=0.0)
+            hi = tl.load(x_ptr + offs + F, mask=m, other=0.0)
+    lo = lo.to(tl.float32)
+    hi = hi.to(tl.float32)
+    if AMAX:
+        a = tl.maximum(quantize.finite_amax(quantize.nan_if_not_finite(lo), 1),
+                       quantize.finite_amax(quantize.nan_if_not_finite(hi), 1))  # fmt: skip
+        tl.store(partial_ptr + pid_f * tl.num_programs(1) + pid_t, tl.max(a, 0))
+    else:
+        ts = 1.0
+        if NV:
+            ts = _tensor_scale(tl.load(amax_ptr))
+            if (pid_f == 0) & (pid_t == 0):
+                tl.store(ts_ptr, ts)
+        G: tl.constexpr = TB // BS
+        W: tl.constexpr = BS // 2
+        lo = tl.permute(tl.reshape(lo, (G, W, FB)), (2, 0, 1))  # (FB, G, W)
+        hi = tl.permute(tl.reshape(hi, (G, W, FB)), (2, 0, 1))
+        blocks = pid_t * G + tl.arange(0, G)
+        pcols = blocks[None, :, None] * W + tl.arange(0, W)[None, None, :]  # (1, G, W): pair index in the row
+        poffs = f.to(tl.int64)[:, None, None] * (T // 2) + pcols  # (FB, G, W)
+        mask = (f[:, None, None] < F) & (pcols < T // 2)
+        _quantize_halves(
+            lo, hi, _signs(lo, hi), q_ptr, s_ptr, f, blocks, poffs, mask, ts, seed, F, T,
+            BS, NV, False, STOCHASTIC, FB, G, EVEN,
+        )  # fmt: skip
+
+
+def quantize_fp4_t(
+    x: torch.Tensor, fmt: str, signs: torch.Tensor | None = None, stochastic_rounding: bool = False, seed: int = 0
+) -> FP4Tensor:
+    """``x^T`` quantized to FP4 along its last axis, from the 2-D ``x`` (tokens, features) in one kernel:
+    with ``signs`` (16 of +-1), each row of ``x^T`` is first rotated by the Random Hadamard Transform
+    ``diag(signs) H / 4`` in blocks of 16.  Bit for bit
+    ``quantize_fp4(hadamard_rotate(x.t().contiguous(), 16, signs), fmt, ...)``, which writes and reads the
+    transposed copy and the rotated copy in between: the training recipe's wgrad operands ``dY^T`` and
+    ``X^T``.  NVFP4's tensor scale comes from the amax of the rotated values: a first pass rotates to
+    find it (reading ``x`` twice, as :func:`quantize_nvfp4` does)."""
+    bs = _check_fmt(fmt)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D (tokens, features) tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    check_device(x, "x")
+    tokens, features = x.shape
+    need = max(bs, RHT_BLOCK if signs is not None else 1)
+    if tokens % need:
+        raise ValueError(f"x's tokens (its first dimension, {tokens}) must be a multiple of {need}: x^T is "
+                         "quantized along them")  # fmt: skip
+    seed = _check_seed(stochastic_rounding, seed)
+    if signs is not None:
+        if not isinstance(signs, torch.Tensor) or signs.shape != (RHT_BLOCK,):
+            raise ValueError(f"signs must be a ({RHT_BLOCK},) tensor of +-1, got {getattr(signs, 'shape', signs)}")
+        if not bool(((signs == 1) | (signs == -1)).all()):
+            raise ValueError("signs must hold only +1 and -1 (a rotation must stay orthogonal)")
+    x = x.contiguous()
+    q = torch.empty((features, tokens // 2), dtype=torch.uint8, device=x.device)
+    s = torch.empty((features, tokens // bs), dtype=torch.uint8, device=x.device)
+    nv = fmt == "nvfp4"
+    ts = torch.empty((), dtype=torch.float32, device=x.device) if nv else None
+    amax = torch.zeros(3, dtype=torch.float32, device=x.device)  # amax, and what the fold also writes
+    if x.numel():
+        from kernels.hadamard import hadamard_matrix
+
+        h = hadamard_matrix(RHT_BLOCK, dtype=torch.float32 if x.dtype == torch.float32 else torch.bfloat16,
+                            device=x.device, normalized=False)  # fmt: skip
+        d = (signs if signs is not None else torch.ones(RHT_BLOCK)).float().to(x.device)
+        tb, fb = QUANT_T_TILE
+        grid = (triton.cdiv(features, fb), triton.cdiv(tokens, tb))
+        even = features % fb == 0 and tokens % tb == 0
+        partial = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=x.device)
+
+        kernel = {"transpose": _quantize_t_kernel, "pairs": _quantize_t_pairs_kernel}[QUANT_T_LAYOUT]
+
+        def launch(amax_pass):
+            kernel[grid](
+                x, h, d, q, s, amax, ts if nv else amax, partial, seed, tokens, features, 1.0 / math.sqrt(RHT_BLOCK),
+                BS=bs, NV=nv, STOCHASTIC=stochastic_rounding, ROTATE=signs is not None,
+                IEEE=x.dtype == torch.float32, AMAX=amax_pass, TB=tb, FB=fb, EVEN=even, num_warps=QUANT_T_WARPS,
+            )  # fmt: skip
+
+        if nv:
+            launch(True)
+            quantize.fold_amax(partial, amax)
+        launch(False)
+    elif nv:
+        ts = tensor_scale_reference(torch.zeros((), device=x.device))
+    if nv:
+        s = s.view(torch.float8_e4m3fn)
+    return FP4Tensor(q, s, ts, fmt)
+
+
 def quantize_fp4_reference(
     x: torch.Tensor,
     fmt: str,
@@ -665,6 +894,16 @@ def dequantize_fp4(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
     return y.reshape(t.shape)
 
 
+def block_values(t: FP4Tensor) -> torch.Tensor:
+    """``q * block_scale`` for every element, in bf16, without the NVFP4 tensor scale: exact (a code has
+    at most 2 significant bits, an E4M3 scale 4 and an E8M0 scale 1; bf16 holds 8, with fp32's exponent
+    range), so a bf16 GEMM of two such operands with an fp32 accumulator sums the exact products of an FP4
+    GEMM, and the tensor scales can multiply its fp32 result."""
+    if check_fp4(t) and t.fmt == "nvfp4":
+        t = t._replace(tensor_scale=torch.ones((), dtype=torch.float32, device=t.q.device))
+    return dequantize_fp4(t, torch.bfloat16)
+
+
 def dequantize_fp4_reference(t: FP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
     """Plain-torch :func:`dequantize_fp4`."""
     bs = check_fp4(t)
@@ -704,9 +943,11 @@ __all__ = [
     "E4M3_MAX",
     "FORMATS",
     "MXFP4_BLOCK",
+    "RHT_BLOCK",
     "NVFP4_BLOCK",
     "FP4Tensor",
     "bits_per_element",
+    "block_values",
     "check_fp4",
     "dequantize_fp4",
     "dequantize_fp4_reference",
@@ -720,6 +961,7 @@ __all__ = [
     "fake_quantize",
     "pack",
     "quantize_fp4",
+    "quantize_fp4_t",
     "quantize_fp4_reference",
     "quantize_mxfp4",
     "quantize_nvfp4",

@@ -173,7 +173,7 @@ def e8m0_scale(amax, EMAX: tl.constexpr, ROUND_UP: tl.constexpr):
 
 
 @triton.jit
-def _nan_if_not_finite(x):
+def nan_if_not_finite(x):
     """fp32 x with every inf turned into NaN, in one fused multiply-add and no comparison: ``x * 0`` is
     +-0 for a finite x (and adding x back is exact, signed zeros included) and NaN for inf or NaN.
 
@@ -184,8 +184,8 @@ def _nan_if_not_finite(x):
 
 
 @triton.jit
-def _amax(xn, axis):
-    """max |x| over ``axis`` of :func:`_nan_if_not_finite` values: the NaNs are skipped, and a group
+def finite_amax(xn, axis):
+    """max |x| over ``axis`` of :func:`nan_if_not_finite` values: the NaNs are skipped, and a group
     with nothing finite has amax 0."""
     amax = tl.max(tl.abs(xn), axis=axis)
     return tl.where(amax == amax, amax, 0.0)
@@ -325,7 +325,7 @@ def _amax_partial_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-    tl.store(partial_ptr + pid, _amax(_nan_if_not_finite(x), 0))
+    tl.store(partial_ptr + pid, finite_amax(nan_if_not_finite(x), 0))
 
 
 @triton.jit
@@ -350,7 +350,7 @@ def _scale_cast_kernel(x_ptr, inv_ptr, q_ptr, n, FP8_MAX: tl.constexpr, E5M2: tl
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     inv = tl.load(inv_ptr)  # from this tensor's amax, or a given (delayed) scale: clamp
-    tl.store(q_ptr + offs, _encode(_nan_if_not_finite(x), inv, FP8_MAX, E5M2), mask=mask)
+    tl.store(q_ptr + offs, _encode(nan_if_not_finite(x), inv, FP8_MAX, E5M2), mask=mask)
 
 
 def _tensor_amax_and_scale(x: torch.Tensor, fmt: str):
@@ -364,6 +364,13 @@ def _tensor_amax_and_scale(x: torch.Tensor, fmt: str):
         partial.zero_()
     _amax_finalize_kernel[(1,)](partial, grid, out[0:], out[1:], out[2:], FP8_MAX=FP8_MAX[fmt], BLOCK=FINALIZE_BLOCK)
     return out[0], out[1], out[2:3]
+
+
+def fold_amax(partial: torch.Tensor, out: torch.Tensor) -> None:
+    """Fold per-program maxima ``partial`` (fp32) into ``out[0]`` on the device, in one program (``out``:
+    three fp32, of which ``out[1:]`` receive an E4M3 scale and its inverse that the caller may ignore)."""
+    _amax_finalize_kernel[(1,)](partial, partial.numel(), out[0:], out[1:], out[2:], FP8_MAX=FP8_MAX["e4m3"],
+                                BLOCK=FINALIZE_BLOCK)  # fmt: skip
 
 
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
@@ -409,7 +416,7 @@ def _scale_cast_transpose_kernel(
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     rows, cols = offs_m.to(tl.int64), offs_k.to(tl.int64)
     x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    q = _encode(_nan_if_not_finite(x), tl.load(inv_ptr), FP8_MAX, E5M2)  # (BM, BK)
+    q = _encode(nan_if_not_finite(x), tl.load(inv_ptr), FP8_MAX, E5M2)  # (BM, BK)
     tl.store(q_ptr + rows[:, None] * K + cols[None, :], q, mask=mask)
     tl.store(qt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
 
@@ -488,7 +495,7 @@ def _fused_tensor_kernel(
         tl.store(s_ptr, s)
     for t in range(pid, n_tiles, nprog):
         rows, cols, mask, x = _tile(x_ptr, t, tiles_k, M, K, BM, BK)
-        q = _encode(_nan_if_not_finite(x), inv, FP8_MAX, E5M2)
+        q = _encode(nan_if_not_finite(x), inv, FP8_MAX, E5M2)
         tl.store(q_ptr + rows[:, None] * K + cols[None, :], q, mask=mask)
         if TRANSPOSE:
             tl.store(qt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
@@ -700,8 +707,8 @@ def _row_groups_kernel(
     else:
         mask = (rows[:, None, None] < M) & (cols < K)
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    xn = _nan_if_not_finite(x.to(tl.float32))
-    amax = _amax(xn, 2)  # (BM, NG)
+    xn = nan_if_not_finite(x.to(tl.float32))
+    amax = finite_amax(xn, 2)  # (BM, NG)
     if MX:
         s, inv = e8m0_scale(amax, EMAX, ROUND_UP)
         bound = _mx_bound(inv, FP8_MAX, FINITE_BOUND)  # the floor rule can leave values above it
@@ -727,12 +734,12 @@ def _row_two_pass_kernel(
     for start in range(0, K, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * K + cols, mask=cols < K, other=0.0).to(tl.float32)
-        acc = tl.maximum(acc, tl.abs(_nan_if_not_finite(x)))  # tl.maximum, like tl.max, drops NaNs
-    s, inv = _fp32_scale(_amax(acc, 0), FP8_MAX)
+        acc = tl.maximum(acc, tl.abs(nan_if_not_finite(x)))  # tl.maximum, like tl.max, drops NaNs
+    s, inv = _fp32_scale(finite_amax(acc, 0), FP8_MAX)
     for start in range(0, K, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * K + cols, mask=cols < K, other=0.0).to(tl.float32)
-        tl.store(q_ptr + row * K + cols, _encode_own_scale(_nan_if_not_finite(x), inv, E5M2), mask=cols < K)
+        tl.store(q_ptr + row * K + cols, _encode_own_scale(nan_if_not_finite(x), inv, E5M2), mask=cols < K)
     tl.store(s_ptr + row, s)
 
 
@@ -803,7 +810,7 @@ def _columns_kernel(
         s, inv = _fp32_scale(tl.where(cols < K, amax, 0.0), FP8_MAX)
         if t < tiles_k:  # the first row of tiles writes the scales
             tl.store(s_ptr + cols, s, mask=cols < K)
-        q = _encode_own_scale(_nan_if_not_finite(x), inv[None, :], E5M2)
+        q = _encode_own_scale(nan_if_not_finite(x), inv[None, :], E5M2)
         tl.store(qt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
 
 
@@ -927,8 +934,8 @@ def _block_kernel(
     else:
         mask = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    xn = _nan_if_not_finite(x.to(tl.float32))
-    s, inv = _fp32_scale(_amax(tl.max(tl.abs(xn), axis=1), 0), FP8_MAX)
+    xn = nan_if_not_finite(x.to(tl.float32))
+    s, inv = _fp32_scale(finite_amax(tl.max(tl.abs(xn), axis=1), 0), FP8_MAX)
     c = _encode_own_scale(xn, inv, E5M2)
     if EVEN:
         tl.store(q_ptr + offs, c)
@@ -1110,7 +1117,8 @@ class DelayedScaling:
     with that S, then records this tensor's amax: a spike larger than ``FP8_MAX * S`` saturates, and
     only the *next* call's scale reflects it.  Everything stays on the device (no host sync); the
     history is state that checkpoints must save (:meth:`state_dict`) and that data-parallel ranks
-    must agree on.
+    must agree on: with ``group`` set to a process group, each new amax is all-reduced (MAX) over it
+    (:meth:`agree`) before it is used or recorded (:func:`kernels.distributed.agree_amax`).
     """
 
     def __init__(self, history_len: int = 16, margin: int = 0, algo: str = "max", fmt: str = "e4m3", device=None):
@@ -1126,6 +1134,7 @@ class DelayedScaling:
         if device is None:
             device = default_device()
         self.amax_history = torch.zeros(history_len, dtype=torch.float32, device=device)
+        self.group = None  # a process group: every new amax is all-reduced (MAX) over it first
 
     def scale(self) -> torch.Tensor:
         """The reconstruction scale S this step uses (0-d fp32, on the device)."""
@@ -1138,6 +1147,17 @@ class DelayedScaling:
         h = self.amax_history
         h.copy_(torch.cat([amax.reshape(1).to(h), h[:-1]]))
 
+    def agree(self, amax: torch.Tensor) -> torch.Tensor:
+        """``amax`` as every rank of ``group`` should record it: its maximum over the ranks (the global
+        batch's amax), or ``amax`` itself when ``group`` is None."""
+        if self.group is None:
+            return amax
+        import torch.distributed as dist
+
+        amax = amax.float().clone()
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
+        return amax
+
     def quantize(self, x: torch.Tensor, reference: bool = False) -> Quantized:
         """Cast ``x`` with the scale from the history, then record its amax.  Returns ``(q, S)``."""
         s = self.scale()
@@ -1147,7 +1167,7 @@ class DelayedScaling:
         else:
             q = quantize_tensor_with_scale(x, s, self.fmt)
             amax = tensor_amax(x)
-        self.update(amax)
+        self.update(self.agree(amax))
         return Quantized(q, s)
 
     def state_dict(self) -> dict:
@@ -1163,6 +1183,7 @@ __all__ = [
     "DelayedScaling",
     "E8M0_BIAS",
     "EMAX_ELEM",
+    "fold_amax",
     "FP8_FORMATS",
     "FP8_MAX",
     "GRANULARITIES",
@@ -1179,7 +1200,9 @@ __all__ = [
     "e8m0_to_float",
     "encode_reference",
     "expand_scales",
+    "finite_amax",
     "group_amax_reference",
+    "nan_if_not_finite",
     "quantize",
     "quantize_128x128",
     "quantize_128x128_reference",

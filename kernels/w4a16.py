@@ -31,8 +31,8 @@ from kernels import w4a16_mma
 from kernels.device import check_device
 from kernels.fp4 import (
     FP4Tensor,
+    block_values,
     check_fp4,
-    dequantize_fp4,
     dequantize_fp4_reference,
     e2m1_to_bf16,
     e2m1_to_bf16_fast,
@@ -197,8 +197,7 @@ def _dequant_matmul(a2: torch.Tensor, w: FP4Tensor) -> torch.Tensor:
     in fp32 (cuBLAS on the GPU), the NVFP4 tensor scale applied to the fp32 result, one rounding to bf16:
     the rounding of :func:`w4a16_matmul`'s kernels, with cuBLAS's order of summation."""
     nv = w.fmt == "nvfp4"
-    unit = w._replace(tensor_scale=torch.ones((), dtype=torch.float32, device=w.q.device)) if nv else w
-    wd = dequantize_fp4(unit, torch.bfloat16)  # (N, K): block values, exact in bf16
+    wd = block_values(w)  # (N, K): exact in bf16
     if a2.device.type == "cuda" and not nv:
         return torch.matmul(a2, wd.T)  # cuBLAS: fp32 accumulation, one rounding to bf16
     if a2.device.type == "cuda":

@@ -130,6 +130,13 @@ BASELINES = {
     "fp4_quantize": {"device copy"},
     "fp4_quantize_given_scale": {"device copy"},
     "fp4_quantize_mxfp4": {"device copy"},
+    "fp4_quantize_t": {
+        "device copy",
+        "transpose, rotate, quantize",
+        "fused, nearest rounding",
+        "fused, nearest rounding, no rotation",
+    },
+    "fp4_linear": {"nn.Linear bf16", "FP8Linear tensorwise"},
 }
 
 
@@ -147,6 +154,8 @@ def test_benchmark_runs_on_a_gpu(tmp_path, name):
     assert all(r["quick"] for r in recs) and not bench.QUICK
     if name.startswith("fp8_linear"):
         assert all(r["host_us"] > 0 for r in recs), "the layer's records give its host time per step"
+    if name == "fp4_linear":
+        assert all(0 < r["quantize_ms"] < r["step_ms"] for r in recs), "the quantizations are part of the step"
     if name.startswith("fp8_linear") and not importlib.util.find_spec("torchao"):
         assert all("torchao is not importable" in r["absent"] for r in recs), "the record says the peer was absent"
 

@@ -113,6 +113,30 @@ def student_hadamard(x, block, signs, *, normalize=True, use_signs=True, signs_a
     return y.reshape(xd.shape).to(x.dtype)
 
 
+def student_backward(x, dy, seeds, signs, *, sr=True, rotate=("dY^T", "X^T"), features=False, from_codes=False,
+                     swap_seeds=False, fp32_rotation=False, as_tensor=False):  # fmt: skip
+    """A solution of q5 with the package's quantizer and rotation; the keywords plant one mistake each
+    (or, ``fp32_rotation`` and ``as_tensor``, write a right solution another way)."""
+    s_dgrad, s_wgrad = (seeds[1], seeds[0]) if swap_seeds else seeds
+
+    def quant(t, seed=None):
+        kw = {"stochastic_rounding": sr and seed is not None, "seed": seed if sr and seed is not None else 0}
+        out = fp4.quantize_nvfp4(t.contiguous(), **kw)
+        return out if as_tensor else (out.q, out.s, out.tensor_scale)
+
+    def rot(t):  # t: (rows, tokens)
+        if features:
+            return hadamard.hadamard_rotate(t.t().contiguous(), 16, signs).t()
+        return hadamard.hadamard_rotate(t.float().contiguous() if fp32_rotation else t.contiguous(), 16, signs)
+
+    dy_in = hadamard.hadamard_rotate(dy.contiguous(), 16, signs) if "dY" in rotate else dy  # along its K
+    xt = x.t()
+    if from_codes:
+        xt = fp4.dequantize_fp4(fp4.quantize_nvfp4(x), torch.bfloat16).t()
+    dyt, xt = (rot(t) if role in rotate else t for role, t in (("dY^T", dy.t()), ("X^T", xt)))
+    return quant(dy_in, s_dgrad), quant(dyt, s_wgrad), quant(xt)
+
+
 def right_quantize(x, fmt):
     return student_quantize(x, fmt)
 
@@ -150,6 +174,14 @@ WRONG_SOLUTIONS = {
         "signs after H": lambda x, b, d: student_hadamard(x, b, d, signs_after=True),
         "whole row rotated": lambda x, b, d: student_hadamard(x, b, d, whole_row=True),
     },
+    "q5": {
+        "nearest rounding": lambda *a: student_backward(*a, sr=False),
+        "seeds swapped": lambda *a: student_backward(*a, swap_seeds=True),
+        "X^T not rotated": lambda *a: student_backward(*a, rotate=("dY^T",)),
+        "rotated along the features": lambda *a: student_backward(*a, features=True),
+        "X^T from the forward's codes": lambda *a: student_backward(*a, from_codes=True),
+        "dY rotated too": lambda *a: student_backward(*a, rotate=("dY", "dY^T", "X^T")),
+    },
 }
 
 EXPECTED = {
@@ -183,6 +215,14 @@ EXPECTED = {
         "signs after H": "signs applied after H",
         "whole row rotated": "whole row",
     },
+    "q5": {
+        "nearest rounding": "rounded to nearest",
+        "seeds swapped": "other operand's seed",
+        "X^T not rotated": "not rotated",
+        "rotated along the features": "along the features",
+        "X^T from the forward's codes": "FP4 codes transposed",
+        "dY rotated too": "wgrad's operands only",
+    },
 }
 
 CHECKS = {
@@ -190,6 +230,7 @@ CHECKS = {
     "q2": lab06.check_dequantize,
     "q3": lab06.check_w4a16,
     "q4": lab06.check_hadamard,
+    "q5": lab06.check_fp4_backward,
 }
 
 RIGHT = {
@@ -197,6 +238,7 @@ RIGHT = {
     "q2": lambda q, s, ts, fmt: student_dequantize(q, s, ts, fmt),
     "q3": lambda a, q, s, ts, fmt: student_w4a16(a, q, s, ts, fmt),
     "q4": lambda x, b, d: student_hadamard(x, b, d),
+    "q5": student_backward,
 }
 
 PACKAGE = {
@@ -204,6 +246,7 @@ PACKAGE = {
     "q2": lambda q, s, ts, fmt: fp4.dequantize_fp4(fp4.FP4Tensor(q, s, ts, fmt)),
     "q3": lambda a, q, s, ts, fmt: w4a16.w4a16_matmul(a, fp4.FP4Tensor(q, s, ts, fmt)),
     "q4": lambda x, b, d: hadamard.hadamard_rotate(x, b, d),
+    "q5": lambda x, dy, seeds, signs: student_backward(x, dy, seeds, signs, as_tensor=True),  # all the package's
 }
 
 
@@ -249,6 +292,13 @@ def test_unfinished_exercise_reads_as_not_done(q):
         CHECKS[q](lambda *args: None)
 
 
+def test_q5_refuses_what_is_not_three_operands():
+    with pytest.raises(ExerciseNotDone):
+        lab06.check_fp4_backward(None)
+    with pytest.raises(AssertionError, match="three quantized operands"):
+        lab06.check_fp4_backward(lambda *args: (1, 2))
+
+
 def test_inputs_are_fixed():
     a, b = lab06.quantizer_inputs(), lab06.quantizer_inputs()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -268,10 +318,12 @@ def _lab_module(tmp_path, folder="labs"):
 
     lab = nbformat.read(Path(__file__).resolve().parents[1] / folder / "06_fp4_weight_only.ipynb", as_version=4)
     keep = ("@triton.jit", "ROWS, COLS", "import math", "def dequantize_fp4", "def w4a16", "def hadamard_rotate")
+    keep += ("def fp4_backward_operands",)
     sources = ["from kernels import device\ncaps = device.capabilities()"]
     for cell in lab.cells:
         if cell.cell_type == "code" and cell.source.startswith(keep) and "dot_scaled" not in cell.source:
             sources.append(cell.source)
+    sources.append("rotate = hadamard_rotate  # what the notebook's q5 uses once q4 passes")
     path = tmp_path / f"lab06_{folder}.py"
     path.write_text("\n\n".join(sources) + "\n")
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -309,7 +361,8 @@ def test_the_solution_kernels_pass(tmp_path, capsys):
     lab06.check_dequantize(sol.dequantize_fp4)
     lab06.check_w4a16(sol.w4a16_matmul)
     lab06.check_hadamard(sol.hadamard_rotate)
-    assert capsys.readouterr().out.count("passed") == 4
+    lab06.check_fp4_backward(sol.fp4_backward_operands)
+    assert capsys.readouterr().out.count("passed") == 5
 
 
 # -- right solutions, written the ways different students write them ---------------------------------------
@@ -715,6 +768,10 @@ STUDENT_SOLUTIONS = {
         "fast Walsh-Hadamard butterflies, no matrix": hadamard_butterflies,
         "signs folded into H's rows, ieee dot, sqrt_rn": hadamard_signed_rows,
     },
+    "q5": {
+        "FP4Tensors returned": lambda *a: student_backward(*a, as_tensor=True),
+        "rotations in fp32": lambda *a: student_backward(*a, fp32_rotation=True),
+    },
 }
 
 
@@ -793,6 +850,11 @@ def hadamard_signs_of_the_public_check(x, block, signs):
     return student_hadamard(x, block, hadamard.random_signs(block, seed=block))
 
 
+def backward_public_seeds(x, dy, seeds, signs):
+    """q5 with the public check's stochastic-rounding seeds written in: right there, wrong on fresh seeds."""
+    return student_backward(x, dy, lab06.backward_inputs()[2], signs)
+
+
 HIDDEN_CATCHES = {
     "q1": {"K // 64 column tiles (floor): a partial last tile is left out": quantize_whole_tiles_only},
     "q2": {"one tile of 16 rows": dequantize_one_row_tile},
@@ -804,4 +866,5 @@ HIDDEN_CATCHES = {
         "one tile of 16 rows": hadamard_one_row_tile,
         "the public check's signs instead of the ones passed": hadamard_signs_of_the_public_check,
     },
+    "q5": {"the public check's seeds instead of the ones passed": backward_public_seeds},
 }

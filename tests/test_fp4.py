@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels import formats, fp4, stochastic
+from kernels import formats, fp4, hadamard, stochastic
 from kernels.device import default_device
 from kernels.quantize import e8m0_to_float
 from kernels.testing import assert_bits_equal, special_inputs
@@ -260,6 +260,74 @@ def test_input_errors_name_the_argument():
         fp4.quantize_mxfp4(torch.zeros(2, 32, device=DEVICE), stochastic_rounding=True, seed=-1)
     with pytest.raises(TypeError, match="FP4Tensor"):
         fp4.dequantize_fp4(torch.zeros(2, 16, dtype=torch.uint8))
+
+
+# -- the wgrad operands: transpose, rotation and quantization in one kernel ------------------------------
+
+
+def _unfused_t(x, fmt, signs, **kw):
+    xt = x.t().contiguous()
+    if signs is not None:
+        xt = hadamard.hadamard_rotate(xt, fp4.RHT_BLOCK, signs)
+    return fp4.quantize_fp4(xt, fmt, **kw)
+
+
+@pytest.mark.parametrize("layout", ["transpose", "pairs"])
+@pytest.mark.parametrize("fmt", list(fp4.FORMATS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_quantize_t_is_the_unfused_passes_bit_for_bit(fmt, dtype, layout, monkeypatch):
+    """quantize_fp4_t(x) = quantize(hadamard_rotate(x^T)): rotated or not, nearest or stochastic, on
+    shapes that fill its tiles and shapes that do not, with outliers and every special value; by either
+    of its kernels."""
+    monkeypatch.setattr(fp4, "QUANT_T_LAYOUT", layout)
+    signs = hadamard.random_signs(fp4.RHT_BLOCK, 3, DEVICE)
+    special = special_inputs((64, 64), dtype, seed=1, device=DEVICE)
+    if dtype != torch.bfloat16:  # the training recipe's dtype gets every case; the others the loads' paths
+        special = {case: special[case] for case in ("random", "nan/inf")}
+    inputs = [(f"{case} (64, 64)", x) for case, x in special.items()]
+    for shape in ((128, 128), (96, 80), (64, 16)):  # tiles filled; ragged in both directions; one narrow tile
+        x = special_inputs(shape, dtype, seed=shape[1], device=DEVICE)["one outlier"]
+        inputs.append((f"one outlier {shape}", x))
+    for case, x in inputs:
+        for rotate in (True, False):
+            for sr in ({}, {"stochastic_rounding": True, "seed": 9}):
+                s = signs if rotate else None
+                got, want = fp4.quantize_fp4_t(x, fmt, s, **sr), _unfused_t(x, fmt, s, **sr)
+                _same_fp4(got, want, f"{fmt} {dtype} {case} rotate={rotate} {sr}")
+
+
+def test_quantize_t_rotates_along_the_tokens_and_against_the_reference():
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(64, 48, generator=g) * 1e-2).to(torch.bfloat16)
+    x[17, 5] = 30.0  # one outlier token element: its block of 16 tokens is spread
+    signs = hadamard.random_signs(16, 1)
+    got = fp4.quantize_fp4_t(x.to(DEVICE), "nvfp4", signs.to(DEVICE))
+    rotated = hadamard.hadamard_rotate_reference(x.t().contiguous(), 16, signs)
+    _same_fp4(got, fp4.quantize_fp4_reference(rotated.to(DEVICE), "nvfp4"), "rotated x^T")
+    plain = fp4.quantize_fp4_t(x.to(DEVICE), "nvfp4")
+    assert plain.shape == got.shape == (48, 64)
+    codes = {name: fp4.unpack(t.q)[5, 16:32].cpu() & 7 for name, t in (("plain", plain), ("rotated", got))}
+    assert int((codes["plain"] != 0).sum()) == 1, "unrotated, the outlier's 15 neighbours round to 0"
+    assert bool((codes["rotated"] != 0).all()), "rotated, all 16 tokens of its block share its size"
+
+
+def test_quantize_t_refuses_bad_input_by_name():
+    x = torch.zeros(32, 16, device=DEVICE)
+    cases = [
+        (lambda: fp4.quantize_fp4_t(x[0], "nvfp4"), ValueError, "2-D"),
+        (lambda: fp4.quantize_fp4_t(x.long(), "nvfp4"), TypeError, "bfloat16"),
+        (lambda: fp4.quantize_fp4_t(x[:24], "nvfp4"), ValueError, "multiple of 16"),
+        (lambda: fp4.quantize_fp4_t(x[:16], "mxfp4"), ValueError, "multiple of 32"),
+        (lambda: fp4.quantize_fp4_t(x, "nvfp4", torch.ones(8, device=DEVICE)), ValueError, "signs"),
+        (lambda: fp4.quantize_fp4_t(x, "nvfp4", torch.full((16,), 2.0, device=DEVICE)), ValueError, "signs"),
+        (lambda: fp4.quantize_fp4_t(x, "fp4"), ValueError, "fmt"),
+        (lambda: fp4.quantize_fp4_t(x, "nvfp4", stochastic_rounding=True, seed=-1), ValueError, "seed"),
+    ]
+    for call, error, word in cases:
+        with pytest.raises(error, match=word):
+            call()
+    empty = fp4.quantize_fp4_t(torch.zeros(0, 16, device=DEVICE), "nvfp4")
+    assert empty.q.shape == (16, 0) and empty.tensor_scale.item() == fp4.tensor_scale_reference(torch.zeros(())).item()
 
 
 # -- dequantization -------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ arguments, the Hopper accumulator model, and cuBLAS (``torch._scaled_mm``) on a 
 
 import pytest
 import torch
+from _tuning import one_gemm_config  # noqa: F401 (a fixture, used below)
 
 import kernels
 from kernels import fp8_gemm as G
@@ -12,6 +13,7 @@ from kernels import quantize as Q
 from kernels.device import default_device
 
 DEVICE = default_device()
+pytestmark = pytest.mark.usefixtures("one_gemm_config")  # GEMMs tuned over one tile: tests/_tuning.py
 FMT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 
 

@@ -5,12 +5,14 @@ bad arguments are refused by name."""
 
 import pytest
 import torch
+from _tuning import one_gemm_config  # noqa: F401 (a fixture, used below)
 
 from kernels import fp8_gemm as G
 from kernels import quantize as Q
 from kernels.device import default_device
 
 DEVICE = default_device()
+pytestmark = pytest.mark.usefixtures("one_gemm_config")  # GEMMs tuned over one tile: tests/_tuning.py
 QUANTIZERS = {
     "tensor": (Q.quantize_tensor, Q.quantize_tensor),
     "row": (Q.quantize_rowwise, Q.quantize_rowwise),

@@ -4,6 +4,7 @@ state, and train a small model like bf16 does."""
 
 import pytest
 import torch
+from _tuning import one_gemm_config  # noqa: F401 (a fixture, used below)
 
 from kernels import fp8_gemm as G
 from kernels import fp8_linear as L
@@ -12,6 +13,7 @@ from kernels.device import default_device
 from kernels.testing import frobenius_error
 
 DEVICE = default_device()
+pytestmark = pytest.mark.usefixtures("one_gemm_config")  # GEMMs tuned over one tile: tests/_tuning.py
 
 
 def _data(t=96, i=64, o=48, dy_scale=1e-6, seed=0):

@@ -4,6 +4,7 @@ for every recipe (and, on a GPU, the layer's forward and backward replay from a 
 
 import pytest
 import torch
+from _tuning import one_gemm_config  # noqa: F401 (a fixture, used below)
 
 import kernels
 from kernels import fp8_linear as L
@@ -11,6 +12,7 @@ from kernels import quantize as Q
 from kernels.device import default_device
 
 DEVICE = default_device()
+pytestmark = pytest.mark.usefixtures("one_gemm_config")  # GEMMs tuned over one tile: tests/_tuning.py
 RECIPES = {
     "tensor": L.FP8Recipe(),
     "row": L.FP8Recipe(granularity="row"),

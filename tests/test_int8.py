@@ -3,11 +3,13 @@ and the W8A8 GEMM against an exact integer reference and a float64 one."""
 
 import pytest
 import torch
+from _tuning import one_gemm_config  # noqa: F401 (a fixture, used below)
 
 from kernels import int8 as I
 from kernels.device import default_device
 
 DEVICE = default_device()
+pytestmark = pytest.mark.usefixtures("one_gemm_config")  # GEMMs tuned over one tile: tests/_tuning.py
 
 
 def _x(m, k, seed=0, scale=3.0, dtype=torch.float32):

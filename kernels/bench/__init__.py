@@ -97,6 +97,32 @@ def measure(bench: str, shape: str, metric: str, work: float, ours, baselines: d
     ]
 
 
+def linear_step(x: torch.Tensor, dy: torch.Tensor, weight: torch.Tensor):
+    """``step(layer)``: one forward and backward of ``layer`` on ``x`` with output gradient ``dy``, the
+    gradients of ``x`` and of the shared ``weight`` cleared first (what the linear-layer benches time)."""
+
+    def step(layer):
+        x.grad = None
+        weight.grad = None
+        layer(x).backward(dy)
+
+    return step
+
+
+def check_linear(name: str, step, layer, ref, x: torch.Tensor, bounds: dict) -> None:
+    """Refuse to time ``layer`` if its ``dx`` or ``dw`` (from ``step``, a :func:`linear_step`) is farther
+    from bf16 ``ref``'s than ``bounds[what]`` (relative Frobenius error): a wrong layer is not timed."""
+    from kernels.testing import frobenius_error
+
+    step(layer)
+    got = (x.grad.clone(), ref.weight.grad.clone())
+    step(ref)
+    for what, g, r in zip(("dx", "dw"), got, (x.grad, ref.weight.grad), strict=True):
+        err = frobenius_error(g, r)
+        if err > bounds[what]:
+            raise AssertionError(f"{name}: {what} is {err:.3f} from bf16; not timing a wrong layer")
+
+
 def host_us(fn, calls: int = 20) -> float:
     """Microseconds of host time per call of ``fn``: ``calls`` calls enqueued back to back, timed before
     the GPU is waited for.  What a user who does not capture a CUDA graph pays on the CPU per call; when
@@ -184,9 +210,11 @@ __all__ = [
     "TOOLS",
     "benchmark",
     "cases",
+    "check_linear",
     "copy_baseline",
     "graphed",
     "host_us",
+    "linear_step",
     "load_all",
     "measure",
     "median_ms",

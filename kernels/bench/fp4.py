@@ -41,6 +41,7 @@ GEMM_ROWS = (1, 16, 32, 64, 128)  # M
 WEIGHT_SETS = 4  # 4 x 36 MB of FP4 weights (4 x 128 MB of bf16) at 8192 x 8192: beyond L2
 GRAPH_CALLS = 2 * WEIGHT_SETS  # calls per graph replay: each weight set twice
 QUANT_SHAPE = (16384, 8192)  # 256 MiB of bf16
+LINEAR_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336))  # tokens x in x out
 
 
 def _rotating(fns):
@@ -140,10 +141,81 @@ def _bench_quantize_mxfp4():
     return _quant_records("fp4_quantize_mxfp4", "mxfp4", reads=1)
 
 
+@benchmark("fp4_quantize_t")
+def _bench_quantize_t():
+    """The training recipe's wgrad operand dY^T: transposed, rotated (RHT, blocks of 16) and quantized to
+    NVFP4 with stochastic rounding by one kernel that reads dY twice (the amax pass, then the quantize
+    pass); against a device copy of its bytes, the three passes it replaces, and itself without stochastic
+    rounding and without the rotation."""
+    from kernels import fp4, hadamard
+
+    t, f = QUANT_SHAPE  # tokens x features
+    x = torch.randn(t, f, device="cuda", dtype=torch.bfloat16)
+    x[torch.randint(0, t, (64,)), torch.randint(0, f, (64,))] = 300.0  # outlier tokens
+    signs = hadamard.random_signs(fp4.RHT_BLOCK, 0, "cuda")
+    kw = {"stochastic_rounding": True, "seed": 1}
+
+    def fused():
+        return fp4.quantize_fp4_t(x, "nvfp4", signs, **kw)
+
+    def unfused():
+        return fp4.quantize_fp4(hadamard.hadamard_rotate(x.t().contiguous(), fp4.RHT_BLOCK, signs), "nvfp4", **kw)
+
+    got, want = fused(), unfused()
+    for g, w, what in ((got.q, want.q, "codes"), (got.s.view(torch.uint8), want.s.view(torch.uint8), "scales")):
+        if not torch.equal(g, w):
+            raise AssertionError(f"fp4_quantize_t: the fused kernel's {what} differ from the three passes'")
+    nbytes = 2 * x.numel() * x.element_size() + got.q.numel() + got.s.numel() + 4
+    del got, want
+    baselines = {
+        "device copy": copy_baseline(nbytes),
+        "transpose, rotate, quantize": unfused,
+        # the same kernel with an ingredient left out: what the rounding and the rotation cost (same bytes)
+        "fused, nearest rounding": lambda: fp4.quantize_fp4_t(x, "nvfp4", signs),
+        "fused, nearest rounding, no rotation": lambda: fp4.quantize_fp4_t(x, "nvfp4", None),
+    }
+    return measure("fp4_quantize_t", f"{t}x{f}", "GB/s", nbytes, fused, baselines)
+
+
+@benchmark("fp4_linear")
+def _bench_linear():
+    """FP4Linear (the NVFP4 training recipe) forward + backward, eager: six quantizations (two with the
+    rotation and stochastic rounding) and three GEMMs on bf16 tensor cores from dequantized operands, vs
+    bf16 nn.Linear and chapter 5's FP8Linear (tensorwise), same weights and data.  Each record also gives
+    the time of the six quantizations alone (``quantize_ms``) and of the step (``step_ms``)."""
+    from functools import partial
+
+    from kernels import fp4_linear as F
+    from kernels.bench import check_linear, linear_step, median_ms
+    from kernels.fp8_linear import FP8Linear, FP8Recipe
+
+    records = []
+    for t, i, o in cases(LINEAR_SHAPES):
+        ref = torch.nn.Linear(i, o, bias=False, device="cuda", dtype=torch.bfloat16)
+        ours, fp8 = F.FP4Linear.from_linear(ref, F.FP4Recipe()), FP8Linear.from_linear(ref, FP8Recipe())
+        x = torch.randn(t, i, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(t, o, device="cuda", dtype=torch.bfloat16) * 1e-3
+
+        step = linear_step(x, dy, ref.weight)
+        check_linear("fp4_linear", step, ours, ref, x, {"dx": 0.5, "dw": 0.5})  # FP4's errors are near 0.2
+        baselines = {"nn.Linear bf16": partial(step, ref), "FP8Linear tensorwise": partial(step, fp8)}
+        recs = measure("fp4_linear", f"{t}x{i}x{o}", "TFLOP/s", 3 * 2.0 * t * i * o, partial(step, ours), baselines)
+        xd, w = x.detach(), ref.weight.detach()
+        quant = median_ms(partial(F.operands, xd, w, dy, ours.recipe, step=1))
+        whole = median_ms(partial(step, ours))
+        for r in recs:
+            r["quantize_ms"], r["step_ms"] = round(quant, 3), round(whole, 3)
+        records += recs
+        del ref, ours, fp8, x, dy, xd, w
+        torch.cuda.empty_cache()
+    return records
+
+
 __all__ = [
     "GEMM_ROWS",
     "GEMM_SHAPES",
     "GRAPH_CALLS",
+    "LINEAR_SHAPES",
     "QUANT_SHAPE",
     "WEIGHT_SETS",
 ]

@@ -14,10 +14,11 @@ reference (on a slice of rows) before it is timed.
 import importlib
 import itertools
 import warnings
+from functools import partial
 
 import torch
 
-from kernels.bench import benchmark, cases, graphed, host_us, measure
+from kernels.bench import benchmark, cases, check_linear, graphed, host_us, linear_step, measure
 
 # (M, N, K): square sizes, a wide-N / short-K case, and an LLM projection (16384 tokens, K = 1024).
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 4096), (16384, 8192, 1024))
@@ -161,7 +162,6 @@ def torchao_float8(weight: torch.nn.Parameter, granularity: str):
 
 def _linear_bench(name: str, granularity: str, compiled: bool) -> list:
     from kernels.fp8_linear import BF16_TOLERANCE, FP8Linear, FP8Recipe
-    from kernels.testing import frobenius_error
 
     records = []
     for t, i, o in cases(LINEAR_SHAPES):
@@ -172,26 +172,15 @@ def _linear_bench(name: str, granularity: str, compiled: bool) -> list:
         x = torch.randn(t, i, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(t, o, device="cuda", dtype=torch.bfloat16) * 1e-3
 
-        def step(layer, x=x, dy=dy, weight=ref.weight):
-            x.grad = None
-            weight.grad = None
-            layer(x).backward(dy)
-
-        step(ours)
-        got = (x.grad.clone(), ref.weight.grad.clone())
-        step(ref)
-        for what, g, r in zip(("dx", "dw"), got, (x.grad, ref.weight.grad), strict=True):
-            err = frobenius_error(g, r)
-            if err > BF16_TOLERANCE[what]:
-                raise AssertionError(f"{name}: {what} is {err:.3f} from bf16; not timing a wrong layer")
-        del got
-        baselines = {"nn.Linear bf16" + (", compiled" if compiled else ""): lambda bf16=bf16: step(bf16)}
+        step = linear_step(x, dy, ref.weight)
+        check_linear(name, step, ours, ref, x, BF16_TOLERANCE)
+        baselines = {"nn.Linear bf16" + (", compiled" if compiled else ""): partial(step, bf16)}
         peer = f"torchao Float8Linear {TORCHAO[granularity]}, compiled"
         ao = torchao_float8(ref.weight, granularity)
         if ao is not None:
-            baselines[peer] = lambda ao=ao: step(ao)
-        recs = measure(name, f"{t}x{i}x{o}", "TFLOP/s", 3 * 2.0 * t * i * o, lambda ours=ours: step(ours), baselines)
-        host = round(host_us(lambda ours=ours: step(ours)), 1)  # the step's launches, on the CPU
+            baselines[peer] = partial(step, ao)
+        recs = measure(name, f"{t}x{i}x{o}", "TFLOP/s", 3 * 2.0 * t * i * o, partial(step, ours), baselines)
+        host = round(host_us(partial(step, ours)), 1)  # the step's launches, on the CPU
         for r in recs:
             r["host_us"] = host
             if ao is None:

@@ -70,6 +70,8 @@ def fresh_quantizer_inputs(seed: int, rows: int = 37, k: int = 96) -> dict:
 def _as_fp4(out, fmt: str, question: str, name: str) -> fp4.FP4Tensor:
     if isinstance(out, fp4.FP4Tensor):
         q, s, ts = out.q, out.s, out.tensor_scale
+    elif isinstance(out, tuple | list) and len(out) == 4 and out[3] == fmt:  # an FP4Tensor as plain data
+        q, s, ts = out[:3]
     elif isinstance(out, tuple | list) and len(out) == 3:
         q, s, ts = out
     else:
@@ -403,8 +405,128 @@ def check_hadamard(fn, x: torch.Tensor | None = None, seed: int | None = None) -
     print(f"{question} passed: blocks {hadamard.HADAMARD_BLOCKS}, within bf16 tolerance of the float64 rotation")
 
 
+# -- q5: the backward's operands of the FP4 training layer ------------------------------------------------
+
+
+def backward_inputs(seed: int = 5, tokens: int = 64, d_in: int = 64, d_out: int = 96) -> tuple:
+    """``(x, dy, seeds, signs)`` for q5: bf16 activations ``(tokens, d_in)`` with one outlier token,
+    a bf16 output gradient ``(tokens, d_out)``, the two stochastic-rounding seeds and the RHT's signs."""
+    if tokens % 16 or d_in % 16 or d_out % 16:
+        raise ValueError(f"tokens, d_in and d_out must be multiples of 16, got {tokens}, {d_in}, {d_out}")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, d_in, generator=g)
+    x[int(torch.randint(0, tokens, (1,), generator=g))] *= 30.0  # one outlier token: what the rotation is for
+    dy = torch.randn(tokens, d_out, generator=g) * 1e-3
+    seeds = tuple(int(v) for v in torch.randint(0, 2**30, (2,), generator=g))
+    return x.to(torch.bfloat16), dy.to(torch.bfloat16), seeds, hadamard.random_signs(16, seed)
+
+
+def backward_reference(x, dy, seeds, signs) -> dict:
+    """q5's answer: dY for the dgrad (stochastic rounding, seed 0), and the wgrad's dY^T (stochastic,
+    seed 1) and X^T, both rotated along the tokens by the same RHT, each from the wide bf16 tensor."""
+    sr = {"stochastic_rounding": True}
+
+    def rotated(t):
+        return hadamard.hadamard_rotate(t.t().contiguous(), 16, signs.to(t.device))
+
+    return {
+        "dY": fp4.quantize_fp4_reference(dy, "nvfp4", **sr, seed=seeds[0]),
+        "dY^T": fp4.quantize_fp4_reference(rotated(dy), "nvfp4", **sr, seed=seeds[1]),
+        "X^T": fp4.quantize_fp4_reference(rotated(x), "nvfp4"),
+    }
+
+
+# q5 accepts an operand whose codes and block scales agree with the recipe's on 90% of its elements: a
+# rotation computed in fp32 rather than bf16 moves up to 4% of them on the fixed inputs, every mistake of
+# the recipe a quarter or more.
+AGREE = 0.10
+
+
+def _differ(got, want) -> float:
+    """The share of elements whose code or block-scale byte differs (1.0 where the tensor scales differ by
+    more than bf16's rounding: a rotation computed in fp32 moves the tensor's amax by that much)."""
+    if abs(float(got.tensor_scale) / float(want.tensor_scale) - 1) > 2.0**-7:
+        return 1.0
+    codes = fp4.unpack(got.q.cpu()) != fp4.unpack(want.q.cpu())
+    scales = got.s.view(torch.uint8).cpu() != want.s.view(torch.uint8).cpu()
+    return float((codes | scales.repeat_interleave(fp4.NVFP4_BLOCK, -1)).double().mean())
+
+
+def check_fp4_backward(fn, inputs: tuple | None = None) -> None:
+    """q5: ``fn(x, dy, seeds, signs)`` -> the three FP4 operands ``(dY, dY^T, X^T)`` of the layer's backward
+    (each ``(codes, scales, tensor scale)``, or an FP4Tensor), NVFP4.  Each must agree with the recipe on
+    all but :data:`AGREE` of its elements: quantizing a rotation computed in fp32 instead of bf16 moves a
+    few codes, a recipe's mistake a large share of them."""
+    question, name = "q5", "fp4_backward_operands"
+    dev = default_device()
+    x, dy, seeds, signs = backward_inputs() if inputs is None else inputs
+    out = call_student(fn, x.to(dev), dy.to(dev), seeds, signs.to(dev), name=name, question=question)
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise AssertionError(f"{question}: {name} must return three quantized operands (dY, dY^T, X^T), "
+                             f"got {type_name(out)}")  # fmt: skip
+    got = {}
+    for role, o, shape in zip(("dY", "dY^T", "X^T"), out, (dy.shape, dy.t().shape, x.t().shape), strict=True):
+        t = _as_fp4(o, "nvfp4", question, f"{name}'s {role}")
+        if tuple(t.q.shape) != (shape[0], shape[1] // 2):
+            raise AssertionError(f"{question}: {role} must be quantized along its own K: packed codes of shape "
+                                 f"{(shape[0], shape[1] // 2)}, got {tuple(t.q.shape)}")  # fmt: skip
+        got[role] = t
+    x, dy, signs = x.to(dev), dy.to(dev), signs.to(dev)
+    want = backward_reference(x, dy, seeds, signs)
+    problems = []
+    for role in want:
+        if _differ(got[role], want[role]) <= AGREE:
+            continue
+        problems.append(f"{role}: {_diagnose_backward(role, got[role], x, dy, seeds, signs)}")
+    if problems:
+        raise AssertionError(f"{question}: {name} is wrong\n" + "\n".join(f"  - {p}" for p in problems))
+    print(f"{question} passed: dY, dY^T and X^T as the recipe quantizes them")
+
+
+def _diagnose_backward(role, got, x, dy, seeds, signs) -> str:
+    """Which mistake ``got`` (operand ``role`` of q5) looks like."""
+
+    def quant(t, seed=None):
+        kw = {"stochastic_rounding": seed is not None, "seed": seed or 0}
+        return fp4.quantize_fp4_reference(t.contiguous(), "nvfp4", **kw)
+
+    def rot(t):
+        return hadamard.hadamard_rotate(t.contiguous(), 16, signs)
+
+    wide = {"dY": dy, "dY^T": dy.t(), "X^T": x.t()}[role]
+    seed = {"dY": seeds[0], "dY^T": seeds[1], "X^T": None}[role]
+    rotate = role != "dY"
+    want_in = rot(wide) if rotate else wide
+    smells = []
+    if seed is not None:
+        smells.append((quant(want_in), "rounded to nearest: the recipe rounds gradients stochastically "
+                       "(stochastic_rounding=True, with the seed given for this operand)"))  # fmt: skip
+        other = seeds[1] if role == "dY" else seeds[0]
+        smells.append((quant(want_in, other), "quantized with the other operand's seed: dY takes seeds[0], "
+                       "dY^T seeds[1]"))  # fmt: skip
+    if rotate:
+        smells.append((quant(wide, seed), "not rotated: the RHT applies to both wgrad operands, dY^T and X^T, "
+                       "with the same signs (rotating one changes the product)"))  # fmt: skip
+        across = rot(wide.t().contiguous()).t()  # rotated along the features, then transposed
+        smells.append((quant(across, seed), "rotated along the features: the RHT runs along the wgrad's K, "
+                       "the tokens (rotate the transposed tensor)"))  # fmt: skip
+        codes = fp4.dequantize_fp4_reference(quant(wide.t())).to(wide.dtype).t()  # from the forward's codes
+        smells.append((quant(rot(codes), seed), "made from FP4 codes transposed: quantize the wide (bf16) "
+                       "transposed tensor, whose blocks run along the tokens"))  # fmt: skip
+    else:
+        smells.append((quant(rot(wide), seed), "rotated: the RHT belongs to the wgrad's operands only; dgrad's "
+                       "dY keeps its values"))  # fmt: skip
+    for candidate, message in smells:
+        if _differ(got, candidate) <= AGREE:
+            return message
+    return f"{100 * _differ(got, quant(want_in, seed)):.0f}% of its elements differ from the recipe's"
+
+
 __all__ = [
+    "backward_inputs",
+    "backward_reference",
     "check_dequantize",
+    "check_fp4_backward",
     "check_hadamard",
     "check_quantize",
     "check_w4a16",
