@@ -21,9 +21,8 @@ name with ``python -m kernels.bench``).
   ``charmodel``.  Checks: ``lab04``.  Tests: ``test_amp``, ``test_norms``, ``test_charmodel``,
   ``test_checks_lab04``.  Benchmarks: ``amp``.
 * Chapter 5, FP8 training.  Lab 05 (FP8 GEMM).  Kernels: ``fp8_gemm``, ``fp8_linear``, ``fp8_ops``,
-  ``launch``, ``finetune``, ``distributed``.  Checks: ``lab05``.  Tests: ``test_fp8_gemm``,
-  ``test_fp8_linear``, ``test_fp8_ops``, ``test_finetune``, ``test_distributed``, ``test_checks_lab05``.
-  Benchmarks: ``fp8``.
+  ``launch``, ``finetune``.  Checks: ``lab05``.  Tests: ``test_fp8_gemm``, ``test_fp8_linear``,
+  ``test_fp8_ops``, ``test_finetune``, ``test_checks_lab05``.  Benchmarks: ``fp8``.
 * Chapter 6, FP4.  Lab 06 (FP4 weight-only).  Kernels: ``fp4``, ``w4a16``, ``w4a16_mma``, ``hadamard``,
   ``fp4_linear``, ``fp4_training``.  Checks: ``lab06``.  Tests: ``test_fp4``, ``test_w4a16``,
   ``test_hadamard``, ``test_fp4_linear``, ``test_fp4_training``, ``test_checks_lab06``.  Benchmarks:

@@ -96,8 +96,8 @@ _GEMM_SCALING = {"tensor": "tensor", "row": "row", "block": "block"}
 def delayed_scale(state: Q.DelayedScaling, x: torch.Tensor) -> torch.Tensor:
     """The scale of delayed scaling, with a cold start: while the history is empty (first step) the
     scale is the current one, so step 1 neither saturates activations nor flushes gradients to zero.
-    Records ``x``'s amax in the history (its maximum over the ranks of ``state.group``, if set)."""
-    amax, history = state.agree(ops.tensor_amax(x)), state.amax_history
+    Records ``x``'s amax in the history."""
+    amax, history = ops.tensor_amax(x), state.amax_history
     # state.scale(), through the operator that keeps S's bits under torch.compile
     past = history.max() if state.algo == "max" else history[0]
     scales = ops.scale_from_amax(torch.stack([past, amax]) * 2.0**state.margin, state.fmt)
@@ -169,17 +169,9 @@ class FP8LinearFunction(torch.autograd.Function):
             # quantizing the wide transposes with the same S gives, so one pass writes both (only the
             # transposes the backward will use) and the backward keeps them (1 byte each).
             qx, qxt = tensor_operand(x2, recipe.fwd_fmt, st.get("x"), transpose=need_dw)
-            if hasattr(weight, "fp8_operand"):  # gathered as FP8 codes (kernels.distributed.fp8_all_gather)
-                qw = weight.fp8_operand(recipe.fwd_fmt)
-                qwt = qw.q.t().contiguous() if need_dx else None  # one S: the transposed codes are exact
-            else:
-                qw, qwt = tensor_operand(weight, recipe.fwd_fmt, st.get("w"), transpose=need_dx)
+            qw, qwt = tensor_operand(weight, recipe.fwd_fmt, st.get("w"), transpose=need_dx)
             ctx.save_for_backward(qxt, qwt, qx.s, qw.s)
         else:
-            if hasattr(weight, "fp8_operand"):
-                raise ValueError(
-                    f"a weight gathered as FP8 codes has one scale per tensor; granularity={g!r} needs the wide weight"
-                )
             # Scales along rows or blocks: the backward quantizes X^T and W^T again along their own K.
             qx = quantize_operand(x2, "a", recipe.fwd_fmt, g)
             qw = quantize_operand(weight, "b", recipe.fwd_fmt, g)
@@ -189,8 +181,7 @@ class FP8LinearFunction(torch.autograd.Function):
             y = (y.float() + bias.float()).to(y.dtype)
         ctx.recipe, ctx.states, ctx.shape, ctx.has_bias = recipe, states, shape, bias is not None
         ctx.dtypes = (x.dtype, weight.dtype)
-        # A 2-D x gives y itself, not a view of it (FSDP2 warns about a layer whose output is a view).
-        return y if x.dim() == 2 else y.reshape(*shape[:-1], weight.shape[0])
+        return y.reshape(*shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):

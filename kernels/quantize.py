@@ -1117,8 +1117,7 @@ class DelayedScaling:
     with that S, then records this tensor's amax: a spike larger than ``FP8_MAX * S`` saturates, and
     only the *next* call's scale reflects it.  Everything stays on the device (no host sync); the
     history is state that checkpoints must save (:meth:`state_dict`) and that data-parallel ranks
-    must agree on: with ``group`` set to a process group, each new amax is all-reduced (MAX) over it
-    (:meth:`agree`) before it is used or recorded (:func:`kernels.distributed.agree_amax`).
+    must agree on.
     """
 
     def __init__(self, history_len: int = 16, margin: int = 0, algo: str = "max", fmt: str = "e4m3", device=None):
@@ -1134,7 +1133,6 @@ class DelayedScaling:
         if device is None:
             device = default_device()
         self.amax_history = torch.zeros(history_len, dtype=torch.float32, device=device)
-        self.group = None  # a process group: every new amax is all-reduced (MAX) over it first
 
     def scale(self) -> torch.Tensor:
         """The reconstruction scale S this step uses (0-d fp32, on the device)."""
@@ -1147,17 +1145,6 @@ class DelayedScaling:
         h = self.amax_history
         h.copy_(torch.cat([amax.reshape(1).to(h), h[:-1]]))
 
-    def agree(self, amax: torch.Tensor) -> torch.Tensor:
-        """``amax`` as every rank of ``group`` should record it: its maximum over the ranks (the global
-        batch's amax), or ``amax`` itself when ``group`` is None."""
-        if self.group is None:
-            return amax
-        import torch.distributed as dist
-
-        amax = amax.float().clone()
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
-        return amax
-
     def quantize(self, x: torch.Tensor, reference: bool = False) -> Quantized:
         """Cast ``x`` with the scale from the history, then record its amax.  Returns ``(q, S)``."""
         s = self.scale()
@@ -1167,7 +1154,7 @@ class DelayedScaling:
         else:
             q = quantize_tensor_with_scale(x, s, self.fmt)
             amax = tensor_amax(x)
-        self.update(self.agree(amax))
+        self.update(amax)
         return Quantized(q, s)
 
     def state_dict(self) -> dict:

@@ -8,7 +8,6 @@ import triton
 import triton.language as tl
 from _student import assert_student_solution_passes
 
-from kernels import distributed as D
 from kernels import fp8_gemm as G
 from kernels import fp8_linear as L
 from kernels import quantize as Q
@@ -206,36 +205,6 @@ def swap_nothing(model):
     return model
 
 
-# -- q7: FP8 all-gather ----------------------------------------------------------------------------------
-
-
-def gather_right(shards):
-    """What the package's FSDP2 hook does on each rank, with the all-reduce written as a max over ranks."""
-    amax = max(Q.tensor_amax(t) for t in shards)
-    s = Q.scale_from_amax(amax)
-    return torch.cat([Q.quantize_tensor_with_scale(t, s) for t in shards]), s
-
-
-def gather_own_scales(shards):
-    qs = [Q.quantize_tensor(t) for t in shards]
-    return torch.cat([q.q for q in qs]), qs[0].s
-
-
-def gather_summed_amax(shards):
-    s = Q.scale_from_amax(sum(Q.tensor_amax(t) for t in shards))
-    return torch.cat([Q.quantize_tensor_with_scale(t, s) for t in shards]), s
-
-
-def gather_inverted_scale(shards):
-    amax = max(t.float().abs().max() for t in shards)
-    return torch.cat([(t.float() * (448.0 / amax)).to(torch.float8_e4m3fn) for t in shards]), 448.0 / amax
-
-
-def gather_own_codes(shards):
-    """The agreed scale returned, but each shard's codes made with its own."""
-    return torch.cat([Q.quantize_tensor(t).q for t in shards]), gather_right(shards)[1]
-
-
 WRONG_SOLUTIONS = {
     "q1": {
         "scales divided instead of multiplied": student("tensor", DIVIDE),
@@ -267,12 +236,6 @@ WRONG_SOLUTIONS = {
         "fresh, re-initialised FP8 layers": swap_fresh,
         "nothing converted": swap_nothing,
     },
-    "q7": {
-        "each shard with its own scale": gather_own_scales,
-        "amaxes summed": gather_summed_amax,
-        "448 / amax": gather_inverted_scale,
-        "agreed scale returned, own codes": gather_own_codes,
-    },
 }
 
 DIAGNOSES = {
@@ -294,10 +257,6 @@ DIAGNOSES = {
     ("q6", "output head converted too"): "model.head was converted",
     ("q6", "fresh, re-initialised FP8 layers"): "re-initialised",
     ("q6", "nothing converted"): "no block layer became an FP8Linear",
-    ("q7", "each shard with its own scale"): "one shard's own scale",
-    ("q7", "amaxes summed"): "amaxes were summed",
-    ("q7", "448 / amax"): "the reciprocal",
-    ("q7", "agreed scale returned, own codes"): "each shard was quantized with its own amax",
 }
 
 CHECKS = {
@@ -307,7 +266,6 @@ CHECKS = {
     "q4": lab05.check_gemm_blockwise,
     "q5": lab05.check_fp8_linear,
     "q6": lab05.check_fp8_swap,
-    "q7": lab05.check_fp8_gather,
 }
 
 REFERENCES = {
@@ -317,7 +275,6 @@ REFERENCES = {
     "q4": G.fp8_gemm_blockwise,
     "q5": lambda x, w: L.fp8_linear(x, w, None, L.FP8Recipe(granularity="row")),
     "q6": swap_right,
-    "q7": D.fp8_gather_codes,
 }
 
 
@@ -337,7 +294,7 @@ def test_student_style_correct_kernel_passes(question):
     fn = {"q1": student("tensor"), "q2": (G.grouped_tile, student("tensor")), "q3": student("row")}.get(question)
     fn = fn or {"q4": student("block")}.get(question)
     if fn is None:
-        fn = {"q5": make_linear(), "q6": swap_right, "q7": gather_right}[question]
+        fn = {"q5": make_linear(), "q6": swap_right}[question]
     CHECKS[question](fn)
 
 
@@ -823,24 +780,6 @@ def swap_by_names_sharing_parameters(model):
     return model
 
 
-def gather_plain_torch(shards):
-    """q7 in plain PyTorch: the ranks' amaxes stacked and maxed, each shard divided by S (not multiplied
-    by 1/S: a tie may round the other way), clamped to E4M3's range and cast."""
-    amax = torch.stack([t.abs().amax().float() for t in shards]).amax()
-    s = amax / 448.0
-    return torch.cat([(t.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn) for t in shards]), s
-
-
-def gather_from_largest_shard(shards):
-    """q7 by finding the shard that holds the amax and taking the package's scale of it."""
-    top = max(shards, key=lambda t: float(t.float().abs().max()))
-    s = Q.quantize_tensor(top).s
-    codes = []
-    for t in shards:
-        codes.append(Q.quantize_tensor_with_scale(t, s))
-    return torch.cat(codes), s.reshape(1)
-
-
 STUDENT_SOLUTIONS = {
     "q1": {
         "64x64 tiles, 4 warps, 2-D grid, a (BK, BN) tile of b^T": gemm_v1_bt_tile,
@@ -872,10 +811,6 @@ STUDENT_SOLUTIONS = {
     "q6": {
         "rebuilt ModuleLists": swap_by_rebuilt_lists,
         "named_modules, parameters assigned, per-row recipe": swap_by_names_sharing_parameters,
-    },
-    "q7": {
-        "plain torch: stacked amaxes, divide by S, clamp and cast": gather_plain_torch,
-        "one rank at a time, the scale from the package's quantizer of the largest shard": gather_from_largest_shard,
     },
 }
 
@@ -1037,12 +972,6 @@ def swap_two_blocks(model):
     return model
 
 
-def gather_first_and_last(shards):
-    """Passes the public layouts (their outliers sit in the first or the last shard)."""
-    s = Q.scale_from_amax(torch.maximum(Q.tensor_amax(shards[0]), Q.tensor_amax(shards[-1])))
-    return torch.cat([Q.quantize_tensor_with_scale(t, s) for t in shards]), s
-
-
 HIDDEN_CATCHES = {
     "q1": {"program id split by the number of tile rows (64x64 tiles)": gemm_v1_split_by_rows},
     "q2": {"pid_m = first + pid % height (an older tutorial's order)": (old_tutorial_tile, gemm_v2_bt_tile)},
@@ -1050,5 +979,4 @@ HIDDEN_CATCHES = {
     "q4": {"the first tile's weight scales for every tile (64x256 tiles)": gemm_blockwise_first_tile_weight_scales},
     "q5": {"one scale per tensor": per_tensor_linear},
     "q6": {"two blocks converted, by index": swap_two_blocks},
-    "q7": {"the amax of the first and the last shard only": gather_first_and_last},
 }

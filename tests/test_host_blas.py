@@ -120,10 +120,7 @@ def test_only_checked_cells_of_the_cpu_trained_model_carry_the_tag():
     for path, i, cell in tagged:
         where = f"{path.relative_to(ROOT)} code cell {i}"
         assert cell.source.startswith("# NBVAL_CHECK_OUTPUT"), f"{where}: the tag only relaxes a checked cell"
-        # Chapter 7's model is trained and evaluated on the CPU; chapter 5's FSDP2 runs are CPU processes.
-        cpu_model = path.name in ("07_inference.ipynb", "appendix_answers.ipynb")
-        cpu_ranks = path.name == "05_fp8_training.ipynb" and "distributed." in cell.source
-        assert cpu_model or cpu_ranks, f"{where}: neither chapter 7's CPU model nor chapter 5's CPU ranks"
+        assert path.name in ("07_inference.ipynb", "appendix_answers.ipynb"), f"{where}: not chapter 7's CPU model"
 
 
 def test_the_probe_names_the_arithmetic():

@@ -26,8 +26,6 @@ The checks take optional keyword arguments (shapes, seeds, grids, model sizes) w
 tests run them on operands and at sizes that only those tests state; the defaults are the public ones.
 """
 
-import math
-
 import numpy as np
 import torch
 import triton
@@ -449,121 +447,7 @@ def check_fp8_swap(fn, dim=64, depth=2, seed=0):
     print(f"q6 passed: {len(blocks)} block GEMMs in FP8; proj, head, embeddings and norms wide; weights shared")
 
 
-# -- q7: FP8 all-gather, the codes each rank sends ---------------------------------------------------------
-
-
-def gather_cases(seed=0, layouts="public") -> list:
-    """``(label, shards)`` for q7: a bf16 weight split by rows into the shards ranks hold, with the largest
-    magnitude in one shard (an outlier, 0.5 among values below 0.125), in shards of unequal rows, and
-    with an all-zero shard; ``layouts="hidden"``: five ranks with the outlier in the middle one, and two
-    ranks whose shards have the same amax."""
-    g = torch.Generator().manual_seed(seed)
-    dev = default_device()
-
-    def weight(rows, cols):
-        return (torch.rand(rows, cols, generator=g) * 0.25 - 0.125).to(torch.bfloat16)
-
-    if layouts == "hidden":
-        five = weight(80, 32)
-        five[44, 5] = -0.5  # in the third rank's rows
-        tie = weight(32, 32)
-        tie[3, 3], tie[20, 9] = 0.25, -0.25
-        cases = [
-            (
-                "five ranks, shards of 16, 24, 8, 16 and 16 rows, the outlier in the third",
-                five.split([16, 24, 8, 16, 16]),
-            ),
-            ("two ranks whose shards share the amax", tie.chunk(2)),
-        ]
-        return [(label, [t.contiguous().to(dev) for t in shards]) for label, shards in cases]
-    two = weight(64, 48)
-    two[45, 7] = 0.5  # in the second rank's rows
-    four = weight(72, 32)
-    four[3, 30] = -0.5  # in the first rank's rows
-    zero = weight(48, 16)
-    zero[16:32] = 0
-    cases = [
-        ("two ranks, the outlier in the second shard", list(two.chunk(2))),
-        ("four ranks, shards of 24, 16, 16 and 16 rows, the outlier in the first", list(four.split([24, 16, 16, 16]))),
-        ("three ranks, the middle shard all zeros", list(zero.chunk(3))),
-    ]
-    return [(label, [t.contiguous().to(dev) for t in shards]) for label, shards in cases]
-
-
-def _nearest_codes(codes: torch.Tensor, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """Where ``codes`` are a correct E4M3 rounding of ``x / s``: the package's codes, or codes as near to
-    ``x / s`` (a division and a multiplication by ``1/s`` can round a tie differently)."""
-    want = Q.quantize_tensor_with_scale_reference(x.float().cpu(), s.float().cpu()).double()
-    v = x.double().cpu() / s.double().cpu()
-    got = codes.cpu().double()
-    return (got == want) | ((got - v).abs() <= (want - v).abs() + v.abs() * 2.0**-20)
-
-
-def check_fp8_gather(fn, seed=0, layouts="public"):
-    """q7: ``fn(shards)`` returns ``(codes, scale)``: the E4M3 codes of the whole weight, in rank order, as
-    the ranks send them in an FP8 all-gather (each rank quantizes its own shard), and the one scale they
-    are read with, the scale of the whole weight's amax (the ranks' amaxes all-reduced with MAX)."""
-    cases = gather_cases(seed, layouts)
-    for label, shards in cases:
-        out = call_student(fn, [t.clone() for t in shards], name="fp8_gather", question="q7")
-        if not (isinstance(out, tuple | list) and len(out) == 2):
-            raise AssertionError(f"q7: fp8_gather must return (codes, scale), got {type_name(out)}")
-        codes, scale = out
-        whole = torch.cat(shards)
-        for what, t in (("codes", codes), ("scale", scale)):
-            if not isinstance(t, torch.Tensor):
-                raise AssertionError(f"q7: {what} must be a tensor, got {type_name(t)}")
-        if codes.dtype != torch.float8_e4m3fn or tuple(codes.shape) != tuple(whole.shape):
-            raise AssertionError(
-                f"q7 ({label}): codes must be float8_e4m3fn of the whole weight's shape {tuple(whole.shape)} "
-                f"(the shards' codes one after the other, in rank order), got {codes.dtype} {tuple(codes.shape)}"
-            )
-        if scale.numel() != 1:
-            raise AssertionError(f"q7 ({label}): one scale for the whole weight, got {scale.numel()} values")
-        s = scale.reshape(()).float().cpu()
-        amaxes = [float(t.float().abs().max()) for t in shards]
-        right = Q.scale_from_amax(torch.tensor(max(amaxes)))
-        if not torch.isclose(s, right, rtol=2.0**-20, atol=0):
-            own = [float(Q.scale_from_amax(torch.tensor(a))) for a in amaxes]
-            if any(math.isclose(float(s), o, rel_tol=2.0**-20) for o in own):
-                why = (
-                    "it is one shard's own scale: each rank quantized with its own amax, so the codes of the "
-                    "other shards are read with a scale they were not made with; the ranks must agree on the "
-                    "whole weight's amax first (all-reduce their amaxes with MAX)"
-                )
-            elif math.isclose(float(s), float(Q.scale_from_amax(torch.tensor(sum(amaxes)))), rel_tol=2.0**-20):
-                why = "the shards' amaxes were summed: the whole weight's amax is their maximum (ReduceOp.MAX)"
-            elif math.isclose(float(s) * float(right), 1.0, rel_tol=2.0**-10):
-                why = "it is 448 / amax, the reciprocal: the reconstruction scale is S = amax / 448 (x ~ S * q)"
-            else:
-                why = "it is not amax / 448 for the whole weight's amax"
-            raise AssertionError(f"q7 ({label}): the scale is {float(s):.6g}, should be {float(right):.6g}: {why}")
-        ok = _nearest_codes(codes, whole, right)
-        if not ok.all():
-            rows = ok.all(1).logical_not().nonzero().flatten().tolist()
-            bounds = torch.tensor([0] + [t.shape[0] for t in shards]).cumsum(0).tolist()
-            bad = sorted({r for row in rows for r in range(len(shards)) if bounds[r] <= row < bounds[r + 1]})
-            own_ok = all(
-                torch.equal(
-                    codes[bounds[r] : bounds[r + 1]].cpu().view(torch.uint8),
-                    Q.quantize_tensor_reference(shards[r].float().cpu()).q.view(torch.uint8),
-                )
-                for r in bad
-            )
-            hint = (
-                "each shard was quantized with its own amax: the codes must all be made with the agreed scale"
-                if own_ok
-                else "are the shards in rank order, each quantized with the returned scale (x / S, saturated)?"
-            )
-            raise AssertionError(
-                f"q7 ({label}): {int((~ok).sum())} of {ok.numel()} codes are not E4M3 roundings of the weight "
-                f"divided by the scale, in the shards of ranks {bad}: {hint}"
-            )
-    print(f"q7 passed: {len(cases)} sharded weights; one agreed scale, and every shard's codes are the whole weight's")
-
-
 __all__ = [
-    "check_fp8_gather",
     "check_fp8_linear",
     "check_fp8_swap",
     "check_gemm_blockwise",
@@ -571,6 +455,5 @@ __all__ = [
     "check_gemm_v1",
     "check_gemm_v2",
     "check_grouped_order",
-    "gather_cases",
     "grouped_order",
 ]

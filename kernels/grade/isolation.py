@@ -92,9 +92,6 @@ def _child_env(workdir: Path) -> dict:
         # Always Triton's CPU interpreter (corrected to Hopper's bits): the checks are device-independent,
         # so a grade does not depend on the grading machine, and every load and store is bounds-checked.
         KERNELS_INTERPRET="1",
-        # Starting processes is refused while grading; a notebook's demonstration that would start some
-        # (kernels.distributed.launch) asks kernels.distributed.can_launch() and skips itself instead.
-        KERNELS_GRADING="1",
         # and no GPU at all: on a GPU machine the child would otherwise start CUDA under the address-space
         # limit (which fails) whenever a cell asks torch about the device.
         CUDA_VISIBLE_DEVICES="",
