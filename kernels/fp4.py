@@ -581,6 +581,32 @@ def _rotate_rows(x, h_ptr, d_ptr, rows, scale, TB: tl.constexpr, IEEE: tl.conste
 
 
 @triton.jit
+def _load_tile_t(x_ptr, t, f, T, F, EVEN: tl.constexpr):
+    """The (len(t) tokens, len(f) features) tile x[t, f] of a (T, F) row-major x, with coalesced rows;
+    zeros outside x (``EVEN``: the tile lies inside, no mask)."""
+    offs = t.to(tl.int64)[:, None] * F + f[None, :]
+    if EVEN:
+        x = tl.load(x_ptr + offs)
+    else:
+        x = tl.load(x_ptr + offs, mask=(t[:, None] < T) & (f[None, :] < F), other=0.0)
+    return x
+
+
+@triton.jit
+def _t_tile_out(f, pid_t, T, F, TB: tl.constexpr, BS: tl.constexpr):
+    """Where a wgrad-quantizer program's codes go: its FB rows ``f`` of x^T, from token ``pid_t * TB`` on,
+    hold ``TB // BS`` blocks; returns the block indices and the byte offsets of the code pairs,
+    (FB, TB // BS, BS // 2), with their mask."""
+    G: tl.constexpr = TB // BS
+    W: tl.constexpr = BS // 2
+    blocks = pid_t * G + tl.arange(0, G)
+    pcols = blocks[None, :, None] * W + tl.arange(0, W)[None, None, :]  # (1, G, W): pair index in the row
+    poffs = f.to(tl.int64)[:, None, None] * (T // 2) + pcols  # (FB, G, W)
+    mask = (f[:, None, None] < F) & (pcols < T // 2)
+    return blocks, poffs, mask
+
+
+@triton.jit
 def _quantize_t_kernel(
     x_ptr,  # (T, F) input, row-major: tokens by features
     h_ptr,  # (16, 16) Hadamard matrix of +-1 (bf16, or fp32 for fp32 input)
@@ -599,12 +625,7 @@ def _quantize_t_kernel(
     pid_f = tl.program_id(0)
     pid_t = tl.program_id(1)
     f = pid_f * FB + tl.arange(0, FB)
-    t = pid_t * TB + tl.arange(0, TB)
-    offs = t.to(tl.int64)[:, None] * F + f[None, :]
-    if EVEN:
-        x = tl.load(x_ptr + offs)
-    else:
-        x = tl.load(x_ptr + offs, mask=(t[:, None] < T) & (f[None, :] < F), other=0.0)
+    x = _load_tile_t(x_ptr, pid_t * TB + tl.arange(0, TB), f, T, F, EVEN)
     if ROTATE:
         x = _rotate_rows(x, h_ptr, d_ptr, tl.arange(0, TB), scale, TB, IEEE)
     if AMAX:  # the amax of the tile, whichever way it is read
@@ -616,13 +637,9 @@ def _quantize_t_kernel(
             ts = _tensor_scale(tl.load(amax_ptr))
             if (pid_f == 0) & (pid_t == 0):
                 tl.store(ts_ptr, ts)
+        blocks, poffs, mask = _t_tile_out(f, pid_t, T, F, TB, BS)
         G: tl.constexpr = TB // BS
-        W: tl.constexpr = BS // 2
-        raw = tl.reshape(tl.trans(x), (FB, G, W, 2))  # FB rows of x^T
-        blocks = pid_t * G + tl.arange(0, G)
-        pcols = blocks[None, :, None] * W + tl.arange(0, W)[None, None, :]  # (1, G, W): pair index in the row
-        poffs = f.to(tl.int64)[:, None, None] * (T // 2) + pcols  # (FB, G, W)
-        mask = (f[:, None, None] < F) & (pcols < T // 2)
+        raw = tl.reshape(tl.trans(x), (FB, G, BS // 2, 2))  # FB rows of x^T
         _quantize_tile(
             raw, q_ptr, s_ptr, f, blocks, poffs, mask, ts, seed, F, T,
             BS, NV, False, STOCHASTIC, FB, G, False, EVEN,
@@ -647,12 +664,7 @@ def _quantize_t_pairs_kernel(
     TP: tl.constexpr = TB // 2
     te = pid_t * TB + 2 * tl.arange(0, TP)  # the even tokens
     if ROTATE:
-        t = pid_t * TB + tl.arange(0, TB)
-        offs = t.to(tl.int64)[:, None] * F + f[None, :]
-        if EVEN:
-            x = tl.load(x_ptr + offs)
-        else:
-            x = tl.load(x_ptr + offs, mask=(t[:, None] < T) & (f[None, :] < F), other=0.0)
+        x = _load_tile_t(x_ptr, pid_t * TB + tl.arange(0, TB), f, T, F, EVEN)
         re = 2 * tl.arange(0, TP)  # the even rows of the rotation; re + 1, the odd ones
         lo = _rotate_rows(x, h_ptr, d_ptr, re, scale, TB, IEEE)
         hi = _rotate_rows(x, h_ptr, d_ptr, re + 1, scale, TB, IEEE)
@@ -677,14 +689,11 @@ def _quantize_t_pairs_kernel(
             ts = _tensor_scale(tl.load(amax_ptr))
             if (pid_f == 0) & (pid_t == 0):
                 tl.store(ts_ptr, ts)
+        blocks, poffs, mask = _t_tile_out(f, pid_t, T, F, TB, BS)
         G: tl.constexpr = TB // BS
         W: tl.constexpr = BS // 2
         lo = tl.permute(tl.reshape(lo, (G, W, FB)), (2, 0, 1))  # (FB, G, W)
         hi = tl.permute(tl.reshape(hi, (G, W, FB)), (2, 0, 1))
-        blocks = pid_t * G + tl.arange(0, G)
-        pcols = blocks[None, :, None] * W + tl.arange(0, W)[None, None, :]  # (1, G, W): pair index in the row
-        poffs = f.to(tl.int64)[:, None, None] * (T // 2) + pcols  # (FB, G, W)
-        mask = (f[:, None, None] < F) & (pcols < T // 2)
         _quantize_halves(
             lo, hi, _signs(lo, hi), q_ptr, s_ptr, f, blocks, poffs, mask, ts, seed, F, T,
             BS, NV, False, STOCHASTIC, FB, G, EVEN,
