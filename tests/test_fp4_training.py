@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from kernels import fp4_linear, fp4_training
+from kernels.device import default_device
 from kernels.fp8_linear import FP8Recipe
 
+DEVICE = default_device()  # where the package's kernels run: the CPU in CPU mode, the GPU on the GPU lane
 TINY = {"batch": 2, "model_args": {"dim": 32, "layers": 2, "heads": 2, "context": 32}}
 
 
@@ -47,7 +49,7 @@ def test_a_run_writes_its_losses_as_it_goes(tmp_path, monkeypatch):
         real(path, data)
 
     monkeypatch.setattr(fp4_training, "_write", spy)
-    out = fp4_training.run("bf16", 3, 1, part, device="cpu", **TINY)
+    out = fp4_training.run("bf16", 3, 1, part, device=DEVICE, **TINY)
     assert seen == [1, 2, 3, 3], "after every logged step, then the complete run"
     assert json.loads(part.read_text()) == out
     assert out["complete"] and out["steps"] == [0, 1, 2] and len(out["loss"]) == 3
@@ -151,5 +153,5 @@ def test_a_step_is_timed_on_the_model_its_run_trains(name, monkeypatch):
         real(model, recipe, keep)
 
     monkeypatch.setattr(fp4_linear, "prepare", spy)
-    ms = fp4_training.step_ms(name, steps=2, warmup=1, device="cpu", **TINY)
+    ms = fp4_training.step_ms(name, steps=2, warmup=1, device=DEVICE, **TINY)
     assert ms > 0 and seen == [fp4_training.contenders()[name]]

@@ -44,11 +44,12 @@ def _run_or_refused(name, config, fn):
     """``fn()`` under ``config`` alone, or None where the compiler refuses the configuration for lack of
     resources (autotuning skips such a configuration); the smallest tile, which the other tests run, must
     never be refused."""
+    least = smallest(TUNED[name][0].configs)  # the whole list: within one_config it is this config alone
     with one_config({name: config}):
         try:
             return fn()
         except OutOfResources as exc:
-            assert config is not smallest(TUNED[name][0].configs), f"the smallest tile was refused: {exc}"
+            assert config is not least, f"the smallest tile was refused: {exc}"
             print(f"{name} {_label(config)}: refused by the compiler ({exc}); autotuning skips it")
             return None
 
